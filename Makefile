@@ -1,0 +1,22 @@
+# `make run`: the main job. `make test`: the test suite (CPU is enough). Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,plots]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) experiments/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,451 @@
+"""Model and drafter configurations: frozen dataclasses, HF config.json parsing, presets.
+
+`ModelConfig` carries every field of a DeepSeek-V3 / Kimi-K2 `config.json` that the forward
+pass reads; `ModelConfig.from_hf` accepts the dict or the checkpoint directory (K2.5/K2.6 nest
+the text model's config under `text_config`). `DrafterConfig` describes a DFlash drafter.
+Every constructor validates and raises `ConfigError` naming the offending field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    """A configuration field is missing, out of range, or contradicts another field."""
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """YaRN rope scaling (`rope_scaling` in config.json, type "yarn")."""
+
+    factor: float = 1.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    type: str = "yarn"
+
+    def __post_init__(self):
+        _require(self.type in ("yarn", "deepseek_yarn"),
+                 f"rope_scaling.type: only 'yarn' is supported, got {self.type!r}")
+        _require(self.factor >= 1.0, f"rope_scaling.factor must be >= 1, got {self.factor}")
+        _require(self.original_max_position_embeddings > 0,
+                 "rope_scaling.original_max_position_embeddings must be > 0")
+        _require(self.beta_fast > 0 and self.beta_slow > 0,
+                 "rope_scaling.beta_fast and beta_slow must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """Routed-expert weight format: "bf16" (dense) or "int4" (compressed-tensors pack-quantized,
+    symmetric, `group_size` along the input dimension)."""
+
+    format: str = "bf16"
+    group_size: int = 32
+
+    def __post_init__(self):
+        _require(self.format in ("bf16", "int4"),
+                 f"quant.format must be 'bf16' or 'int4', got {self.format!r}")
+        _require(self.group_size in (32,) or self.format == "bf16",
+                 f"quant.group_size: only 32 is supported for int4, got {self.group_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """DeepSeek-V3 / Kimi-K2 decoder (MLA attention, noaux_tc-routed MoE, YaRN RoPE)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int          # dense MLP (layers < first_k_dense_replace)
+    moe_intermediate_size: int      # per routed / shared expert
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int | None         # None: plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int = 1
+    first_k_dense_replace: int = 1
+    moe_layer_freq: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    quant: QuantConfig = QuantConfig()
+
+    def __post_init__(self):
+        pos = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+               "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
+               "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
+               "n_group", "topk_group", "moe_layer_freq", "max_position_embeddings")
+        for name in pos:
+            v = getattr(self, name)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                     f"{name} must be a positive int, got {v!r}")
+        _require(self.q_lora_rank is None or self.q_lora_rank > 0,
+                 f"q_lora_rank must be None or > 0, got {self.q_lora_rank}")
+        _require(self.n_shared_experts >= 0, "n_shared_experts must be >= 0")
+        _require(0 <= self.first_k_dense_replace <= self.num_hidden_layers,
+                 f"first_k_dense_replace={self.first_k_dense_replace} must lie in "
+                 f"[0, num_hidden_layers={self.num_hidden_layers}]")
+        _require(self.qk_rope_head_dim % 2 == 0,
+                 f"qk_rope_head_dim must be even (pairs rotate), got {self.qk_rope_head_dim}")
+        _require(self.num_experts_per_tok <= self.n_routed_experts,
+                 f"num_experts_per_tok={self.num_experts_per_tok} exceeds "
+                 f"n_routed_experts={self.n_routed_experts}")
+        _require(self.n_routed_experts % self.n_group == 0,
+                 f"n_routed_experts={self.n_routed_experts} is not divisible by n_group={self.n_group}")
+        _require(self.topk_group <= self.n_group,
+                 f"topk_group={self.topk_group} exceeds n_group={self.n_group}")
+        per_group = self.n_routed_experts // self.n_group
+        _require(self.n_group == 1 or per_group >= 2,
+                 "group-limited routing needs >= 2 experts per group (the group score sums the top 2)")
+        _require(self.n_group == 1 or self.topk_group * per_group >= self.num_experts_per_tok,
+                 f"topk_group={self.topk_group} groups of {per_group} experts cannot hold "
+                 f"num_experts_per_tok={self.num_experts_per_tok}")
+        _require(self.scoring_func == "sigmoid",
+                 f"scoring_func: only 'sigmoid' is supported, got {self.scoring_func!r}")
+        _require(self.topk_method == "noaux_tc",
+                 f"topk_method: only 'noaux_tc' is supported, got {self.topk_method!r}")
+        _require(self.hidden_act == "silu", f"hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
+        _require(self.rms_norm_eps > 0, "rms_norm_eps must be > 0")
+        _require(self.rope_theta > 0, "rope_theta must be > 0")
+        _require(not self.attention_bias, "attention_bias=True is not supported")
+        if self.quant.format == "int4":
+            g = self.quant.group_size
+            _require(self.hidden_size % g == 0 and self.moe_intermediate_size % g == 0,
+                     f"int4 experts need hidden_size ({self.hidden_size}) and moe_intermediate_size "
+                     f"({self.moe_intermediate_size}) divisible by group_size {g}")
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Per-token, per-layer latent cache width: kv_lora_rank + qk_rope_head_dim."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def is_moe_layer(self, i: int) -> bool:
+        return i >= self.first_k_dense_replace and i % self.moe_layer_freq == 0
+
+    @property
+    def softmax_scale(self) -> float:
+        """qk_head_dim**-0.5, times mscale(factor, mscale_all_dim)**2 under YaRN."""
+        scale = self.qk_head_dim ** -0.5
+        rs = self.rope_scaling
+        if rs is not None and rs.mscale_all_dim:
+            m = yarn_mscale(rs.factor, rs.mscale_all_dim)
+            scale *= m * m
+        return scale
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    # ---- HF config.json ------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, src: Mapping[str, Any] | str | os.PathLike) -> "ModelConfig":
+        """Parse a DeepSeek-V3 / Kimi-K2 config.json (dict, file or checkpoint directory)."""
+        d = _load_json(src)
+        if "text_config" in d:  # K2.5 / K2.6 multimodal wrapper
+            outer_q = d.get("quantization_config")
+            d = dict(d["text_config"])
+            if outer_q is not None and "quantization_config" not in d:
+                d["quantization_config"] = outer_q
+        fields = {f.name for f in dataclasses.fields(cls)}
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [k for k in required if k not in d]
+        _require(not missing, f"config.json is missing required field(s): {missing}")
+        kw = {k: d[k] for k in fields if k in d and k not in ("rope_scaling", "quant", "eos_token_id")}
+        rs = d.get("rope_scaling")
+        if rs is not None:
+            rs = dict(rs)
+            rs["type"] = rs.pop("rope_type", rs.get("type", "yarn"))
+            known = {f.name for f in dataclasses.fields(RopeScaling)}
+            kw["rope_scaling"] = RopeScaling(**{k: v for k, v in rs.items() if k in known})
+        eos = d.get("eos_token_id")
+        kw["eos_token_id"] = tuple(eos) if isinstance(eos, list) else eos
+        kw["quant"] = _parse_quant(d.get("quantization_config"))
+        return cls(**kw)
+
+    def to_hf(self) -> dict:
+        """The config.json dict (DeepSeek-V3 naming) that `from_hf` reads back to an equal config."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in ("rope_scaling", "quant")}
+        d["model_type"] = "kimi_k2"
+        d["architectures"] = ["DeepseekV3ForCausalLM"]
+        if isinstance(d["eos_token_id"], tuple):
+            d["eos_token_id"] = list(d["eos_token_id"])
+        d["rope_scaling"] = dataclasses.asdict(self.rope_scaling) if self.rope_scaling else None
+        if self.quant.format == "int4":
+            d["quantization_config"] = {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                "strategy": "group", "group_size": self.quant.group_size},
+                    "input_activations": None}},
+                "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                           "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+            }
+        return d
+
+    # ---- presets -------------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ModelConfig":
+        """"tiny" (CPU tests), "k2_slice" (real K2.6 dims, 4 layers), "kimi_k2_6" (full)."""
+        _require(name in _PRESETS, f"unknown preset {name!r}; choose from {sorted(_PRESETS)}")
+        return dataclasses.replace(_PRESETS[name], **overrides)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN attention magnitude correction: 0.1 * mscale * ln(scale) + 1 (1 when scale <= 1)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _load_json(src) -> dict:
+    if isinstance(src, Mapping):
+        return dict(src)
+    path = os.fspath(src)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config.json not found at {path}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _parse_quant(q: Mapping[str, Any] | None) -> QuantConfig:
+    if q is None:
+        return QuantConfig("bf16")
+    method = q.get("quant_method")
+    _require(method == "compressed-tensors",
+             f"quantization_config.quant_method: only 'compressed-tensors' is supported, got {method!r}")
+    fmt = q.get("format")
+    _require(fmt == "pack-quantized",
+             f"quantization_config.format: only 'pack-quantized' is supported, got {fmt!r}")
+    groups = q.get("config_groups") or {}
+    _require(len(groups) == 1, f"quantization_config.config_groups: expected one group, got {len(groups)}")
+    w = next(iter(groups.values())).get("weights") or {}
+    _require(w.get("num_bits") == 4 and w.get("type", "int") == "int",
+             f"quantization_config weights: only 4-bit int is supported, got num_bits={w.get('num_bits')}")
+    _require(w.get("symmetric", True), "quantization_config weights: only symmetric is supported")
+    _require(w.get("strategy") == "group",
+             f"quantization_config weights.strategy: only 'group' is supported, got {w.get('strategy')!r}")
+    return QuantConfig("int4", int(w.get("group_size", 0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+    """DFlash block-diffusion drafter: Qwen3-style layers over [fused target taps ; block].
+
+    The drafter shares the target's embedding and lm_head; `hidden_size` and `vocab_size` must
+    equal the target's. `target_layer_ids` are 0-based target decoder layers whose outputs are
+    tapped (the reference's default spacing when built with `for_target`).
+    """
+
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+    block_size: int = 16
+    mask_token_id: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+
+    def __post_init__(self):
+        for name in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_size", "num_target_layers"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v > 0, f"drafter {name} must be a positive int, got {v!r}")
+        _require(self.block_size >= 2, f"drafter block_size must be >= 2, got {self.block_size}")
+        _require(0 <= self.mask_token_id < self.vocab_size,
+                 f"drafter mask_token_id={self.mask_token_id} outside vocab [0, {self.vocab_size})")
+        _require(self.num_attention_heads % self.num_key_value_heads == 0,
+                 f"drafter num_attention_heads={self.num_attention_heads} not divisible by "
+                 f"num_key_value_heads={self.num_key_value_heads}")
+        _require(len(self.target_layer_ids) >= 1, "drafter target_layer_ids is empty")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        _require(not bad, f"drafter target_layer_ids {bad} out of range [0, {self.num_target_layers})")
+        _require(self.head_dim % 2 == 0, "drafter head_dim must be even")
+        _require(self.rms_norm_eps > 0, "drafter rms_norm_eps must be > 0")
+        _require(self.rope_theta > 0, "drafter rope_theta must be > 0")
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+
+    def replace(self, **kw) -> "DrafterConfig":
+        return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def from_hf(cls, src: Mapping[str, Any] | str | os.PathLike) -> "DrafterConfig":
+        """Parse a z-lab DFlash config.json (dict, file or checkpoint directory).
+
+        Qwen3-style top level plus `dflash_config`; as in the reference, a key in `dflash_config`
+        (target_layer_ids, mask_token_id, block_size, num_target_layers) wins over the top level,
+        and target_layer_ids default to the reference spacing. Variants this drafter does not
+        implement (DFlash2, sliding-window or causal layers, rope scaling, logit transforms) raise.
+        """
+        d = _load_json(src)
+        dc = dict(d.get("dflash_config") or {})
+
+        def get(key, default=None):
+            return dc.get(key, d.get(key, default))
+
+        required = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "intermediate_size")
+        missing = [k for k in required if k not in d]
+        missing += [f"{k} (top level or dflash_config)" for k in ("num_target_layers", "mask_token_id")
+                    if get(k) is None]
+        _require(not missing, f"drafter config.json is missing required field(s): {missing}")
+        cls._check_variant(d, dc)
+        ids = get("target_layer_ids")
+        if ids is None:
+            ids = default_target_layer_ids(get("num_target_layers"), d["num_hidden_layers"])
+        rope = d.get("rope_parameters") or {}
+        return cls(**{k: d[k] for k in required},
+                   target_layer_ids=tuple(ids),
+                   num_target_layers=get("num_target_layers"),
+                   block_size=get("block_size", 16),
+                   mask_token_id=get("mask_token_id"),
+                   rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+                   rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                   max_position_embeddings=d.get("max_position_embeddings", 32768))
+
+    def to_hf(self) -> dict:
+        """The z-lab config.json dict (DFlashDraftModel) that `from_hf` reads back to an equal config."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in ("target_layer_ids", "mask_token_id")}
+        d.update(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_act="silu",
+                 attention_bias=False, tie_word_embeddings=False,
+                 dflash_config={"block_size": self.block_size, "mask_token_id": self.mask_token_id,
+                                "target_layer_ids": list(self.target_layer_ids)})
+        return d
+
+    @staticmethod
+    def _check_variant(d: Mapping[str, Any], dc: Mapping[str, Any]) -> None:
+        """Reject DFlash config.json features the drafter does not implement, naming them."""
+        arch = d.get("architectures") or []
+        rope = d.get("rope_parameters") or {}
+        layer_types = d.get("layer_types") or []
+        sliding = any(t != "full_attention" for t in layer_types) or (
+            not layer_types and d.get("use_sliding_window")
+            and d.get("max_window_layers", 0) < d["num_hidden_layers"])
+        g = dc.get
+        problems = [
+            (any("DFlash2" in a for a in arch), f"architectures={arch}"),
+            ("selector_rank" in dc or "conv_kernel_size" in dc, "DFlash2 selector/convolutions"),
+            (d.get("rope_scaling") is not None, f"rope_scaling={d.get('rope_scaling')}"),
+            (rope.get("rope_type", "default") != "default", f"rope_type={rope.get('rope_type')!r}"),
+            (bool(sliding), f"sliding-window layers (layer_types={layer_types})"),
+            (bool(d.get("is_causal") or g("causal")), "causal attention (is_causal / causal)"),
+            (bool(d.get("attention_bias")), "attention_bias=True"),
+            (d.get("hidden_act", "silu") != "silu", f"hidden_act={d.get('hidden_act')!r}"),
+            (g("attention_mode", "gqa") not in ("gqa", "mha"), f"attention_mode={g('attention_mode')!r}"),
+            (g("input_embedding_scale", 1.0) != 1.0, f"input_embedding_scale={g('input_embedding_scale')}"),
+            (g("output_multiplier", 1.0) != 1.0, f"output_multiplier={g('output_multiplier')}"),
+            (bool(g("final_logit_softcapping")), f"final_logit_softcapping={g('final_logit_softcapping')}"),
+        ]
+        bad = [what for hit, what in problems if hit]
+        _require(not bad, f"unsupported DFlash drafter variant: {'; '.join(bad)}")
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, **overrides) -> "DrafterConfig":
+        """A drafter sized and tapped for `target` (defaults follow the DFlash reference)."""
+        n_layers = overrides.pop("num_hidden_layers", 1 if target.hidden_size < 1024 else 5)
+        heads = overrides.pop("num_attention_heads", max(1, target.hidden_size // 128)
+                              if target.hidden_size >= 1024 else 4)
+        kw = dict(
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            num_hidden_layers=n_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 4) if heads >= 4 else heads,
+            head_dim=128 if target.hidden_size >= 1024 else max(8, target.hidden_size // heads),
+            intermediate_size=3 * target.hidden_size,
+            target_layer_ids=default_target_layer_ids(target.num_hidden_layers, n_layers),
+            num_target_layers=target.num_hidden_layers,
+            rms_norm_eps=target.rms_norm_eps,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def check_target(self, target: ModelConfig) -> None:
+        """Raise ConfigError if this drafter cannot run on `target`."""
+        _require(self.hidden_size == target.hidden_size,
+                 f"drafter hidden_size={self.hidden_size} != target hidden_size={target.hidden_size}")
+        _require(self.vocab_size == target.vocab_size,
+                 f"drafter vocab_size={self.vocab_size} != target vocab_size={target.vocab_size}")
+        _require(self.num_target_layers == target.num_hidden_layers,
+                 f"drafter num_target_layers={self.num_target_layers} != target "
+                 f"num_hidden_layers={target.num_hidden_layers}")
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """DFlash reference spacing: evenly from layer 1 to num_target_layers - 3 (middle for one)."""
+    if num_draft_layers == 1 or num_target_layers < 4:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    return tuple(int(round(start + i * (end - start) / (num_draft_layers - 1)))
+                 for i in range(num_draft_layers))
+
+
+_K2_6 = ModelConfig(
+    vocab_size=163840, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_hidden_layers=61, num_attention_heads=64, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=384,
+    num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+    routed_scaling_factor=2.827, norm_topk_prob=True, rms_norm_eps=1e-5, rope_theta=50000.0,
+    rope_scaling=RopeScaling(factor=64.0, original_max_position_embeddings=4096, beta_fast=1.0,
+                             beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+    max_position_embeddings=262144, bos_token_id=163584, eos_token_id=163586,
+    quant=QuantConfig("int4", 32),
+)
+
+_PRESETS = {
+    "kimi_k2_6": _K2_6,
+    "k2_slice": dataclasses.replace(_K2_6, num_hidden_layers=4),
+    "tiny": ModelConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, q_lora_rank=48, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=16,
+        num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
+        topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6,
+        rope_theta=50000.0,
+        rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=64, beta_fast=32.0,
+                                 beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+        max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+    ),
+}

@@ -1,0 +1,379 @@
+"""Kimi-K2 / DeepSeek-V3 target decoder in Flax Linen, used functionally.
+
+One forward serves prefill, chain verify and tree verify: it takes S streams of T new tokens with
+their positions and the visibility of the new tokens among themselves, attends against an explicit
+per-stream MLA latent cache, and returns float32 logits, the updated cache and the hidden states
+after the requested layers (the drafter's taps). Params are the plain pytree of docs/INTERFACES.md;
+the routed experts and the attention over the cache go through the `pallas_kernels` registry.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddtree_jax import rope
+from ddtree_jax.config import ModelConfig
+from pallas_kernels import registry
+from pallas_kernels import moe as moe_kernels
+from pallas_kernels import mla_attention as mla_kernels
+
+_INIT_STD = 0.02
+
+
+class RMSNorm(nn.Module):
+    """y = scale * x / sqrt(mean(x^2) + eps), in float32, cast back to x.dtype."""
+
+    eps: float
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+class Linear(nn.Module):
+    """x @ kernel with kernel [in_features, out_features]; `weight()` returns the kernel itself."""
+
+    in_features: int
+    out_features: int
+    param_dtype: Any = jnp.float32
+
+    def setup(self):
+        self.kernel = self.param("kernel", nn.initializers.normal(_INIT_STD),
+                                 (self.in_features, self.out_features), self.param_dtype)
+
+    def weight(self):
+        return self.kernel
+
+    def __call__(self, x):
+        return x @ self.kernel.astype(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)): the dense MLP and the shared experts."""
+
+    d: int
+    inner: int
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        g = Linear(self.d, self.inner, self.param_dtype, name="gate_proj")(x)
+        u = Linear(self.d, self.inner, self.param_dtype, name="up_proj")(x)
+        return Linear(self.inner, self.d, self.param_dtype, name="down_proj")(jax.nn.silu(g) * u)
+
+
+@flax.struct.dataclass
+class LatentCache:
+    """MLA latent cache: kv[l] [S, max_len, kv_lora_rank + rope] per layer, lengths [S] int32."""
+
+    kv: tuple
+    lengths: jnp.ndarray
+
+    @property
+    def max_len(self) -> int:
+        return self.kv[0].shape[1]
+
+
+def init_cache(cfg: ModelConfig, streams: int, max_len: int, dtype=jnp.float32) -> LatentCache:
+    """An empty cache of `max_len` slots per stream."""
+    kv = tuple(jnp.zeros((streams, max_len, cfg.latent_dim), dtype) for _ in range(cfg.num_hidden_layers))
+    return LatentCache(kv=kv, lengths=jnp.zeros((streams,), jnp.int32))
+
+
+@flax.struct.dataclass
+class ForwardOut:
+    logits: jnp.ndarray   # [S, T, V] float32
+    cache: LatentCache
+    taps: jnp.ndarray     # [S, T, len(taps) * d]
+
+
+def route(logits, bias, cfg: ModelConfig):
+    """noaux_tc router: logits [T, E] float32 -> (ids [T, k] int32, weights [T, k] float32)."""
+    scores = jax.nn.sigmoid(logits)
+    choice = scores + bias.astype(jnp.float32)
+    if cfg.n_group > 1:
+        grouped = choice.reshape(choice.shape[0], cfg.n_group, -1)
+        group_score = jax.lax.top_k(grouped, 2)[0].sum(-1)                      # [T, G]
+        _, keep = jax.lax.top_k(group_score, cfg.topk_group)                   # [T, topk_group]
+        group_mask = jnp.zeros_like(group_score, bool).at[
+            jnp.arange(choice.shape[0])[:, None], keep].set(True)
+        choice = jnp.where(jnp.repeat(group_mask, choice.shape[1] // cfg.n_group, axis=1),
+                           choice, -jnp.inf)
+    _, ids = jax.lax.top_k(choice, cfg.num_experts_per_tok)
+    weights = jnp.take_along_axis(scores, ids, axis=1)
+    if cfg.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    return ids.astype(jnp.int32), weights * cfg.routed_scaling_factor
+
+
+class Router(nn.Module):
+    """The router's params: kernel [d, E] and the float32 selection bias e_score_correction_bias [E]."""
+
+    d: int
+    experts: int
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self):
+        kernel = self.param("kernel", nn.initializers.normal(_INIT_STD), (self.d, self.experts),
+                            self.param_dtype)
+        bias = self.param("e_score_correction_bias", nn.initializers.zeros, (self.experts,), jnp.float32)
+        return kernel, bias
+
+
+class MoE(nn.Module):
+    """noaux_tc-routed experts (through the "moe_experts" kernel op) plus shared experts."""
+
+    cfg: ModelConfig
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, moe_impl: str):
+        cfg = self.cfg
+        d, e = cfg.hidden_size, cfg.n_routed_experts
+        gate, bias = Router(d, e, self.param_dtype, name="gate")()
+        experts = self.param("experts", functools.partial(init_experts, cfg, dtype=self.param_dtype))
+        xt = x.reshape(-1, d)
+        ids, weights = route(xt.astype(jnp.float32) @ gate.astype(jnp.float32), bias, cfg)
+        routed = registry.get("moe_experts", moe_impl)(xt, ids, weights, experts)
+        out = routed.reshape(x.shape).astype(x.dtype)
+        if cfg.n_shared_experts:
+            out = out + SwiGLU(d, cfg.n_shared_experts * cfg.moe_intermediate_size, self.param_dtype,
+                               name="shared_experts")(x)
+        return out
+
+
+def init_experts(cfg: ModelConfig, key, dtype=jnp.float32):
+    """Random routed experts in the kernel layout (bf16/float weights or INT4 pack-quantized)."""
+    e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    kg, ku, kd = jax.random.split(key, 3)
+    if cfg.quant.format == "bf16":
+        w = lambda k, shape: (jax.random.normal(k, shape, jnp.float32) * _INIT_STD).astype(dtype)
+        return moe_kernels.prepare_experts_bf16(w(kg, (e, i, d)), w(ku, (e, i, d)), w(kd, (e, d, i)))
+    g = cfg.quant.group_size
+
+    def q(k, n, kk):  # uniform nibbles (std ~4.6) scaled so the weights have std ~_INIT_STD
+        kb, ks = jax.random.split(k)
+        packed = jax.lax.bitcast_convert_type(jax.random.bits(kb, (e, n, kk // 8), jnp.uint32), jnp.int32)
+        scale = (_INIT_STD / 4.6) * jax.random.uniform(ks, (e, n, kk // g), jnp.float32, 0.5, 1.5)
+        return packed, scale.astype(jnp.bfloat16)
+
+    return moe_kernels.prepare_experts_int4(*q(kg, i, d), *q(ku, i, d), *q(kd, d, i))
+
+
+def _scatter_new(kv, lengths, new, num_new):
+    """Write new [S, T, D] at slots lengths[s] + t (t < num_new[s]) of kv [S, N, D]; others dropped."""
+    s, t = new.shape[:2]
+    slots = lengths[:, None] + jnp.arange(t)[None, :]
+    slots = jnp.where(jnp.arange(t)[None, :] < num_new[:, None], slots, kv.shape[1])  # out of range: dropped
+    return kv.at[jnp.arange(s)[:, None], slots].set(new.astype(kv.dtype), mode="drop")
+
+
+def effective_visibility(visibility, num_new):
+    """[S, T, T] bool: the caller's visibility among valid new tokens, plus every token sees itself."""
+    t = visibility.shape[-1]
+    valid = jnp.arange(t)[None, None, :] < num_new[:, None, None]
+    return (visibility & valid) | jnp.eye(t, dtype=bool)[None]
+
+
+class MLA(nn.Module):
+    """Multi-head latent attention against the latent cache (absorbed or naive form)."""
+
+    cfg: ModelConfig
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode: str, attn_impl: str):
+        cfg, pd = self.cfg, self.param_dtype
+        s, t, d = x.shape
+        h, nope, rdim, vdim, lora = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+                                     cfg.v_head_dim, cfg.kv_lora_rank)
+        if cfg.q_lora_rank:
+            q = Linear(d, cfg.q_lora_rank, pd, name="q_a_proj")(x)
+            q = RMSNorm(cfg.rms_norm_eps, pd, name="q_a_layernorm")(q)
+            q = Linear(cfg.q_lora_rank, h * cfg.qk_head_dim, pd, name="q_b_proj")(q)
+        else:
+            q = Linear(d, h * cfg.qk_head_dim, pd, name="q_proj")(x)
+        q = q.reshape(s, t, h, cfg.qk_head_dim)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        kv_a = Linear(d, lora + rdim, pd, name="kv_a_proj_with_mqa")(x)
+        c = RMSNorm(cfg.rms_norm_eps, pd, name="kv_a_layernorm")(kv_a[..., :lora])
+        cos, sin = rope.target_tables(cfg, positions)                             # [S, T, r/2]
+        q_pe = rope.apply_interleaved(q_pe, cos[:, :, None], sin[:, :, None])
+        k_pe = rope.apply_interleaved(kv_a[..., lora:], cos, sin)
+        kv = _scatter_new(kv, lengths, jnp.concatenate([c, k_pe], axis=-1), num_new)
+
+        w_kv_b = Linear(lora, h * (nope + vdim), pd, name="kv_b_proj").weight().reshape(lora, h, nope + vdim)
+        w_uk, w_uv = w_kv_b[..., :nope].astype(x.dtype), w_kv_b[..., nope:].astype(x.dtype)
+        vis = effective_visibility(visibility, num_new)
+        if mode == "absorbed":
+            q_lat = jnp.einsum("sthn,lhn->sthl", q_nope, w_uk)
+            attend = registry.get("mla_attention", attn_impl)
+            o_lat = attend(jnp.concatenate([q_lat, q_pe], axis=-1), kv, lengths,
+                           mla_kernels.visibility_to_mask(vis), scale=cfg.softmax_scale, v_dim=lora)
+            o = jnp.einsum("sthl,lhv->sthv", o_lat.astype(x.dtype), w_uv)
+        elif mode == "naive":
+            o = _naive_attention(q_nope, q_pe, kv.astype(x.dtype), lengths, vis, w_uk, w_uv, cfg)
+        else:
+            raise ValueError(f"attn_mode must be 'absorbed' or 'naive', got {mode!r}")
+        out = Linear(h * vdim, d, pd, name="o_proj")(o.reshape(s, t, h * vdim).astype(x.dtype))
+        return out, kv
+
+
+def _naive_attention(q_nope, q_pe, kv, lengths, vis, w_uk, w_uv, cfg: ModelConfig):
+    """Decompress every cached key/value per head and attend: [S, T, H, v_head]."""
+    lora = cfg.kv_lora_rank
+    c, k_pe = kv[..., :lora], kv[..., lora:]                                       # [S, N, .]
+    k_nope = jnp.einsum("snl,lhk->snhk", c, w_uk)
+    v = jnp.einsum("snl,lhv->snhv", c, w_uv)
+    scores = (jnp.einsum("sthk,snhk->shtn", q_nope, k_nope, preferred_element_type=jnp.float32)
+              + jnp.einsum("sthr,snr->shtn", q_pe, k_pe, preferred_element_type=jnp.float32))
+    mask = attention_mask(lengths, vis, kv.shape[1])                               # [S, T, N]
+    scores = jnp.where(mask[:, None], scores * cfg.softmax_scale, -jnp.inf)
+    p = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("shtn,snhv->sthv", p.astype(v.dtype), v)
+
+
+def attention_mask(lengths, vis, n: int):
+    """[S, T, N] bool: slot j is visible to new token i if j < lengths or it holds a visible new token."""
+    j = jnp.arange(n)[None, None, :]
+    rel = j - lengths[:, None, None]                                               # index among new tokens
+    t = vis.shape[-1]
+    new_vis = jnp.take_along_axis(vis, jnp.clip(rel, 0, t - 1).repeat(t, axis=1), axis=2)
+    return (rel < 0) | ((rel < t) & new_vis)
+
+
+class DecoderLayer(nn.Module):
+    cfg: ModelConfig
+    index: int
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode, attn_impl, moe_impl):
+        cfg, pd = self.cfg, self.param_dtype
+        a, kv = MLA(cfg, pd, name="self_attn")(
+            RMSNorm(cfg.rms_norm_eps, pd, name="input_layernorm")(x),
+            positions, kv, lengths, visibility, num_new, mode, attn_impl)
+        h = x + a
+        y = RMSNorm(cfg.rms_norm_eps, pd, name="post_attention_layernorm")(h)
+        if cfg.is_moe_layer(self.index):
+            m = MoE(cfg, pd, name="mlp")(y, moe_impl)
+        else:
+            m = SwiGLU(cfg.hidden_size, cfg.intermediate_size, pd, name="mlp")(y)
+        return h + m, kv
+
+
+class Decoder(nn.Module):
+    cfg: ModelConfig
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens, positions, kv, lengths, visibility, num_new, taps: Sequence[int],
+                 mode: str = "absorbed", attn_impl: str = "auto", moe_impl: str = "auto"):
+        cfg, pd = self.cfg, self.param_dtype
+        x = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=nn.initializers.normal(_INIT_STD),
+                     param_dtype=pd, dtype=pd, name="embed_tokens")(tokens)
+        new_kv, tapped = [], {}
+        for i in range(cfg.num_hidden_layers):
+            x, layer_kv = DecoderLayer(cfg, i, pd, name=f"layers_{i}")(
+                x, positions, kv[i], lengths, visibility, num_new, mode, attn_impl, moe_impl)
+            new_kv.append(layer_kv)
+            if i in taps:
+                tapped[i] = x
+        x = RMSNorm(cfg.rms_norm_eps, pd, name="norm")(x)
+        head = Linear(cfg.hidden_size, cfg.vocab_size, pd, name="lm_head").weight()
+        logits = jnp.einsum("std,dv->stv", x, head.astype(x.dtype), preferred_element_type=jnp.float32)
+        tap_out = (jnp.concatenate([tapped[i] for i in taps], axis=-1) if taps
+                   else jnp.zeros(x.shape[:2] + (0,), x.dtype))
+        return logits, tuple(new_kv), tap_out
+
+
+def init_target(cfg: ModelConfig, key, dtype=jnp.float32):
+    """Random target params (the same pytree as `load_target` returns)."""
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    cache = init_cache(cfg, 1, 1, dtype)
+    variables = Decoder(cfg, dtype).init(key, dummy, dummy, cache.kv, cache.lengths,
+                                         jnp.ones((1, 1, 1), bool), jnp.ones((1,), jnp.int32), (),
+                                         "absorbed", "xla", "xla")
+    return variables["params"]
+
+
+def _is_concrete(*xs) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, visibility=None,
+            num_new=None, taps: Sequence[int] = (), attn_mode: str = "absorbed",
+            attn_impl: str = "auto", moe_impl: str = "auto") -> ForwardOut:
+    """Run T new tokens per stream against `cache`.
+
+    tokens, positions [S, T] int32; visibility [S, T, T] bool (None: causal among the new tokens);
+    num_new [S] int32 valid new tokens per stream (None: all T). New tokens are written at slots
+    lengths[s] + t; the returned cache has lengths += num_new. Returns logits [S, T, V] float32,
+    the cache, and the hidden states after layers `taps` concatenated [S, T, len(taps) * d].
+    """
+    tokens = jnp.asarray(tokens)
+    positions = jnp.asarray(positions)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [streams, new_tokens], got shape {tokens.shape}")
+    s, t = tokens.shape
+    if positions.shape != (s, t):
+        raise ValueError(f"positions shape {positions.shape} != tokens shape {(s, t)}")
+    if len(cache.kv) != cfg.num_hidden_layers or cache.kv[0].shape[0] != s:
+        raise ValueError(f"cache holds {len(cache.kv)} layers x {cache.kv[0].shape[0]} streams; "
+                         f"expected {cfg.num_hidden_layers} x {s}")
+    if visibility is None:
+        visibility = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (s, t, t))
+    elif visibility.shape != (s, t, t):
+        raise ValueError(f"visibility shape {visibility.shape} != {(s, t, t)}")
+    num_new = jnp.full((s,), t, jnp.int32) if num_new is None else jnp.asarray(num_new, jnp.int32)
+    bad_taps = [i for i in taps if not 0 <= i < cfg.num_hidden_layers]
+    if bad_taps:
+        raise ValueError(f"taps {bad_taps} out of range [0, {cfg.num_hidden_layers})")
+    if _is_concrete(tokens, num_new, cache.lengths):
+        valid = np.arange(t)[None, :] < np.asarray(num_new)[:, None]
+        tok = np.asarray(tokens)
+        if np.any(valid & ((tok < 0) | (tok >= cfg.vocab_size))):
+            raise ValueError(f"tokens out of vocabulary range [0, {cfg.vocab_size})")
+        end = np.asarray(cache.lengths) + np.asarray(num_new)
+        if np.any(end > cache.max_len):
+            raise ValueError(f"positions beyond the cache: stream lengths + new tokens {end.tolist()} "
+                             f"exceed max_len {cache.max_len}")
+    dtype = jax.tree_util.tree_leaves(params["embed_tokens"])[0].dtype
+    logits, kv, tap_out = Decoder(cfg, dtype).apply(
+        {"params": params}, tokens, positions, cache.kv, cache.lengths, visibility, num_new,
+        tuple(taps), attn_mode, attn_impl, moe_impl)
+    return ForwardOut(logits=logits, cache=LatentCache(kv=kv, lengths=cache.lengths + num_new),
+                      taps=tap_out)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_mode", "attn_impl", "moe_impl"))
+def _causal_logits(params, cfg, tokens, attn_mode, attn_impl, moe_impl):
+    s, t = tokens.shape
+    dtype = jax.tree_util.tree_leaves(params["embed_tokens"])[0].dtype
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (s, t))
+    out = forward(params, cfg, tokens, positions, init_cache(cfg, s, t, dtype), attn_mode=attn_mode,
+                  attn_impl=attn_impl, moe_impl=moe_impl)
+    return out.logits
+
+
+def target_logits(params, cfg: ModelConfig, tokens, *, attn_mode: str = "naive",
+                  attn_impl: str = "auto", moe_impl: str = "auto"):
+    """Plain causal forward: tokens [B, T] int32 -> float32 logits [B, T, V] (positions 0..T-1)."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    if _is_concrete(tokens) and (np.any(np.asarray(tokens) < 0) or np.any(np.asarray(tokens) >= cfg.vocab_size)):
+        raise ValueError(f"tokens out of vocabulary range [0, {cfg.vocab_size})")
+    return _causal_logits(params, cfg, tokens, attn_mode, attn_impl, moe_impl)

@@ -1,0 +1,62 @@
+"""One registry for every kernel operation, keyed by (operation, implementation name).
+
+Implementations: "xla" (pure JAX; the reference path, runs everywhere), "pallas_triton"
+(Pallas lowered through Triton; `interpret=True` off the GPU), "triton" (a raw Triton kernel
+through jax-triton; GPU only). `resolve(op, impl)` turns "auto" into the best implementation
+for the current backend; the model asks for an operation and never imports a kernel directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+
+IMPLS = ("xla", "pallas_triton", "triton")
+_REGISTRY: dict[str, dict[str, Callable]] = {}
+# Preference order for impl="auto" on a GPU backend; the CPU always gets "xla".
+_GPU_PREFERENCE = ("pallas_triton", "triton", "xla")
+
+
+def register(op: str, impl: str):
+    """Decorator: register `fn` as implementation `impl` of operation `op`."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown kernel implementation {impl!r}; expected one of {IMPLS}")
+
+    def deco(fn):
+        _REGISTRY.setdefault(op, {})[impl] = fn
+        return fn
+
+    return deco
+
+
+def implementations(op: str) -> tuple[str, ...]:
+    _load_all()
+    if op not in _REGISTRY:
+        raise KeyError(f"unknown kernel operation {op!r}; known: {sorted(_REGISTRY)}")
+    return tuple(i for i in IMPLS if i in _REGISTRY[op])
+
+
+def resolve(op: str, impl: str = "auto") -> str:
+    """The implementation name `get(op, impl)` would use on the default backend."""
+    available = implementations(op)
+    if impl == "auto":
+        if jax.default_backend() != "gpu":
+            return "xla"
+        return next(i for i in _GPU_PREFERENCE if i in available)
+    if impl not in available:
+        raise ValueError(f"kernel operation {op!r} has no implementation {impl!r}; "
+                         f"available: {available}")
+    return impl
+
+
+def get(op: str, impl: str = "auto") -> Callable:
+    """The function implementing `op` under `impl` ("auto" picks by backend)."""
+    return _REGISTRY[op][resolve(op, impl)]
+
+
+@functools.cache
+def _load_all() -> None:
+    # Importing the kernel modules registers their implementations.
+    from pallas_kernels import moe, mla_attention, topk  # noqa: F401

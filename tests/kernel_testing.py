@@ -1,0 +1,35 @@
+"""Shared base for kernel tests: every implementation of an operation against its numpy golden."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from pallas_kernels import registry
+
+
+def runnable_impls(op: str) -> list:
+    """pytest params for every registered implementation of `op`; GPU-only ones skip off the GPU."""
+    out = []
+    for impl in registry.implementations(op):
+        marks = []
+        if impl == "triton" and jax.default_backend() != "gpu":
+            marks.append(pytest.mark.skip(reason="raw Triton (jax-triton) needs a GPU"))
+        out.append(pytest.param(impl, id=impl, marks=marks))
+    return out
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere in `out` gives inf."""
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    den = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / (den if den > 0 else 1.0))
+
+
+def assert_close(out, ref, tol: float, what: str = "output") -> None:
+    err = rel_err(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"

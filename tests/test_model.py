@@ -1,0 +1,148 @@
+"""Target model parity: JAX (float32) against the float64 numpy golden, and internal consistency."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ddtree_jax as dj
+from ddtree_jax.reference import int4_ref, model_ref
+from pallas_kernels import moe
+from tests.kernel_testing import assert_close
+
+TOL = 1e-5  # float32 JAX vs float64 golden, relative L2 error of the logits
+
+
+def _params(cfg, seed, fmt="bf16"):
+    """(JAX params with kernel-layout experts, golden params, golden experts_hf) for `cfg`."""
+    rng = np.random.default_rng(seed)
+    params, experts_hf = model_ref.random_params(cfg, rng)
+    golden_experts = {}
+    for i, e in experts_hf.items():
+        if fmt == "bf16":
+            params[f"layers_{i}"]["mlp"]["experts"] = moe.prepare_experts_bf16(e["gate"], e["up"], e["down"])
+            golden_experts[i] = e
+        else:
+            q = {k: int4_ref.quantize_int4(e[k]) for k in ("gate", "up", "down")}
+            params[f"layers_{i}"]["mlp"]["experts"] = moe.prepare_experts_int4(
+                q["gate"][0], q["gate"][1], q["up"][0], q["up"][1], q["down"][0], q["down"][1])
+            golden_experts[i] = {k: int4_ref.dequantize_int4(*q[k]) for k in q}
+    jparams = jax.tree_util.tree_map(jnp.asarray, params)
+    return jparams, params, golden_experts
+
+
+def _tokens(cfg, shape, seed):
+    return np.random.default_rng(seed).integers(0, cfg.vocab_size, size=shape).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return dj.ModelConfig.preset("tiny")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4"])
+@pytest.mark.parametrize("attn_mode", ["absorbed", "naive"])
+def test_forward_matches_golden(tiny, fmt, attn_mode):
+    cfg = tiny.replace(quant=dj.QuantConfig(fmt))
+    jparams, params, experts = _params(cfg, seed=1, fmt=fmt)
+    tokens = _tokens(cfg, (2, 9), seed=2)
+    taps = (0, 2)
+    ref_logits, _, ref_taps = model_ref.decoder_forward(params, cfg, tokens, taps=taps, experts_hf=experts)
+    s, t = tokens.shape
+    out = dj.forward(jparams, cfg, tokens, jnp.broadcast_to(jnp.arange(t), (s, t)),
+                     dj.init_cache(cfg, s, t), taps=taps, attn_mode=attn_mode)
+    assert_close(out.logits, ref_logits, TOL, "logits")
+    assert_close(out.taps, ref_taps, TOL, "taps")
+    assert_close(dj.target_logits(jparams, cfg, tokens, attn_mode=attn_mode), ref_logits, TOL,
+                 "target_logits")
+
+
+def test_init_target_runs_and_routes(tiny):
+    for fmt in ("bf16", "int4"):
+        cfg = tiny.replace(quant=dj.QuantConfig(fmt))
+        params = dj.init_target(cfg, jax.random.key(0))
+        logits = dj.target_logits(params, cfg, _tokens(cfg, (1, 5), 3))
+        assert logits.shape == (1, 5, cfg.vocab_size) and bool(jnp.all(jnp.isfinite(logits)))
+        assert set(params["layers_1"]["mlp"]) == {"gate", "experts", "shared_experts"}
+
+
+def test_prefill_then_decode_equals_full_forward(tiny):
+    cfg = tiny
+    jparams, params, experts = _params(cfg, seed=4)
+    tokens = _tokens(cfg, (2, 8), seed=5)
+    full = dj.target_logits(jparams, cfg, tokens, attn_mode="absorbed")
+    cache = dj.init_cache(cfg, 2, 8)
+    out = dj.forward(jparams, cfg, tokens[:, :3], jnp.broadcast_to(jnp.arange(3), (2, 3)), cache)
+    pieces, cache = [out.logits], out.cache
+    for t in range(3, 8):
+        out = dj.forward(jparams, cfg, tokens[:, t:t + 1], jnp.full((2, 1), t), cache)
+        pieces.append(out.logits)
+        cache = out.cache
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [8, 8])
+    assert_close(jnp.concatenate(pieces, axis=1), full, 1e-5, "incremental logits")
+
+
+def test_tree_verify_with_chain_visibility_equals_causal(tiny):
+    cfg = tiny
+    jparams, params, experts = _params(cfg, seed=6)
+    tokens = _tokens(cfg, (1, 10), seed=7)
+    full = dj.target_logits(jparams, cfg, tokens)
+    cache = dj.forward(jparams, cfg, tokens[:, :4], jnp.arange(4)[None], dj.init_cache(cfg, 1, 16)).cache
+    chain = jnp.tril(jnp.ones((1, 6, 6), bool))
+    out = dj.forward(jparams, cfg, tokens[:, 4:], jnp.arange(4, 10)[None], cache, visibility=chain)
+    assert_close(out.logits, full[:, 4:], 1e-5, "chain-verify logits")
+
+
+def test_tree_verify_matches_golden_branches(tiny):
+    """Two branches verified in one call equal each branch's causal forward (golden)."""
+    cfg = tiny
+    jparams, params, experts = _params(cfg, seed=8)
+    prefix = _tokens(cfg, (1, 5), seed=9)
+    # tree: root r (slot 0) -> a (1) -> b (2); r -> c (3)
+    nodes = _tokens(cfg, (1, 4), seed=10)
+    vis = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]], bool)[None]
+    depth = np.array([0, 1, 2, 1])
+    cache = dj.forward(jparams, cfg, prefix, jnp.arange(5)[None], dj.init_cache(cfg, 1, 12)).cache
+    out = dj.forward(jparams, cfg, nodes, jnp.asarray(5 + depth)[None], cache, visibility=jnp.asarray(vis))
+    branch_ab = np.concatenate([prefix, nodes[:, :3]], axis=1)
+    branch_c = np.concatenate([prefix, nodes[:, [0, 3]]], axis=1)
+    ref_ab = model_ref.decoder_forward(params, cfg, branch_ab, experts_hf=experts)[0]
+    ref_c = model_ref.decoder_forward(params, cfg, branch_c, experts_hf=experts)[0]
+    assert_close(out.logits[:, :3], ref_ab[:, 5:], TOL, "branch a-b")
+    assert_close(out.logits[:, 3], ref_c[:, 6], TOL, "branch c")
+
+
+def test_ragged_streams_stay_independent(tiny):
+    """Streams of different prompt lengths (num_new) in one batch equal each stream run alone."""
+    cfg = tiny
+    jparams, _, _ = _params(cfg, seed=11)
+    lens = [7, 3, 5]
+    tokens = _tokens(cfg, (3, 7), seed=12)
+    pos = jnp.broadcast_to(jnp.arange(7), (3, 7))
+    cache = dj.init_cache(cfg, 3, 12)
+    cache.kv[0].block_until_ready()
+    poisoned = dj.LatentCache(kv=tuple(jnp.full_like(k, jnp.nan) for k in cache.kv), lengths=cache.lengths)
+    out = dj.forward(jparams, cfg, tokens, pos, poisoned, num_new=jnp.asarray(lens))
+    np.testing.assert_array_equal(np.asarray(out.cache.lengths), lens)
+    nxt = _tokens(cfg, (3, 1), seed=13)
+    step = dj.forward(jparams, cfg, nxt, jnp.asarray(lens)[:, None], out.cache)
+    for s, n in enumerate(lens):
+        alone = dj.target_logits(jparams, cfg, np.concatenate([tokens[s:s + 1, :n], nxt[s:s + 1]], axis=1))
+        assert_close(out.logits[s, :n], alone[0, :n], 1e-5, f"stream {s} prefill")
+        assert_close(step.logits[s, 0], alone[0, n], 1e-5, f"stream {s} decode")
+
+
+def test_bad_input_errors(tiny):
+    cfg = tiny
+    params = dj.init_target(cfg, jax.random.key(1))
+    with pytest.raises(ValueError, match="vocabulary"):
+        dj.target_logits(params, cfg, np.array([[1, cfg.vocab_size]], np.int32))
+    with pytest.raises(ValueError, match="beyond the cache"):
+        dj.forward(params, cfg, np.zeros((1, 5), np.int32), np.arange(5)[None], dj.init_cache(cfg, 1, 4))
+    with pytest.raises(ValueError, match="positions shape"):
+        dj.forward(params, cfg, np.zeros((1, 5), np.int32), np.arange(4)[None], dj.init_cache(cfg, 1, 8))
+    with pytest.raises(ValueError, match="taps"):
+        dj.forward(params, cfg, np.zeros((1, 2), np.int32), np.arange(2)[None], dj.init_cache(cfg, 1, 8),
+                   taps=(cfg.num_hidden_layers,))
+    with pytest.raises(ValueError, match="attn_mode"):
+        dj.target_logits(params, cfg, np.zeros((1, 2), np.int32), attn_mode="fast")
