@@ -1,0 +1,282 @@
+"""DFlash block-diffusion drafter (z-lab `dflash/model.py`), Flax Linen used functionally.
+
+A few Qwen3-style decoder layers (GQA, per-head q_norm/k_norm, rotate-half RoPE, SwiGLU) read a
+block `[last accepted token, MASK x (b-1)]` embedded with the target's embedding. The context is
+`hidden_norm(fc(concat of the target's tapped hidden states))`; every layer projects it with its own
+k_proj/v_proj (k_norm, then RoPE at the context positions) and prepends it to the block's own keys
+and values. Attention is non-causal over context + block. The drafter has no embedding or lm_head
+of its own: it uses the target's `embed_tokens/embedding` and `lm_head/kernel`.
+
+Two forms share the same layers:
+- `drafter_hidden`: the reference forward, no cache (the whole context is given).
+- `append_context` + `draft_block`: the engine's form. Context keys/values live in a
+  `DrafterCache` per stream and grow as tokens are accepted; the block's keys/values are
+  recomputed every step and never stored.
+
+Params pytree (kernels `[in, out]`):
+  fc/kernel [len(target_layer_ids)*d, d]; hidden_norm/scale [d]; norm/scale [d]
+  layers_{i}/{input_layernorm,post_attention_layernorm}/scale [d]
+  layers_{i}/self_attn/q_proj/kernel [d, H*hd]; {k_proj,v_proj}/kernel [d, KV*hd]; o_proj/kernel [H*hd, d]
+  layers_{i}/self_attn/{q_norm,k_norm}/scale [hd]
+  layers_{i}/mlp/{gate_proj,up_proj}/kernel [d, I]; mlp/down_proj/kernel [I, d]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddtree_jax import rope
+from ddtree_jax.config import DrafterConfig
+from ddtree_jax.model import Linear, RMSNorm, SwiGLU
+
+Dtype = Any
+
+
+def _taps_width(cfg: DrafterConfig) -> int:
+    return len(cfg.target_layer_ids) * cfg.hidden_size
+
+
+def _rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Qwen3 rotate-half RoPE: x [B,T,heads,hd], positions [B,T]; pair (i, i + hd/2) turns by
+    pos * theta**(-2i/hd), in float32."""
+    cos, sin = rope.tables(positions, rope.inv_freq(x.shape[-1], theta))
+    return rope.apply_half(x, cos[..., None, :], sin[..., None, :])
+
+
+class DFlashAttention(nn.Module):
+    """GQA with per-head q_norm/k_norm; block queries attend to context + block keys, non-causal."""
+
+    cfg: DrafterConfig
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self):
+        c = self.cfg
+        d, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        self.q_proj = Linear(d, q, self.param_dtype)
+        self.k_proj = Linear(d, kv, self.param_dtype)
+        self.v_proj = Linear(d, kv, self.param_dtype)
+        self.o_proj = Linear(q, d, self.param_dtype)
+        self.q_norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.k_norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+
+    def kv(self, x, positions):
+        """x [B,T,d], positions [B,T] -> k (k_norm, then RoPE), v: [B,T,KV,hd]."""
+        c = self.cfg
+        heads = lambda y: y.reshape(*y.shape[:-1], c.num_key_value_heads, c.head_dim)
+        k = _rope(self.k_norm(heads(self.k_proj(x))), positions, c.rope_theta)
+        return k, heads(self.v_proj(x))
+
+    def __call__(self, x, positions, ctx_k, ctx_v, ctx_mask):
+        """x [B,b,d] (normed block), positions [B,b]; ctx_k/ctx_v [B,N,KV,hd] with ctx_mask [B,N]
+        (True = a visible context slot) -> [B,b,d]. Products in ctx_k's dtype with float32
+        accumulation; softmax over context + block in float32."""
+        c = self.cfg
+        bsz, b, _ = x.shape
+        kvh, hd, dt = c.num_key_value_heads, c.head_dim, ctx_k.dtype
+        q = self.q_norm(self.q_proj(x).reshape(bsz, b, c.num_attention_heads, hd))
+        q = _rope(q, positions, c.rope_theta).astype(dt)
+        q = q.reshape(bsz, b, kvh, c.num_attention_heads // kvh, hd)   # query head h -> kv head h // G
+        k_blk, v_blk = self.kv(x, positions)
+        dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+        s_ctx = dot("bqkgd,bnkd->bkgqn", q, ctx_k)
+        s_ctx = jnp.where(ctx_mask[:, None, None, None, :], s_ctx, -jnp.inf)
+        s_blk = dot("bqkgd,bnkd->bkgqn", q, k_blk.astype(dt))
+        p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], axis=-1) * hd ** -0.5, axis=-1)
+        p, n = p.astype(dt), ctx_k.shape[1]
+        o = (dot("bkgqn,bnkd->bqkgd", p[..., :n], ctx_v)
+             + dot("bkgqn,bnkd->bqkgd", p[..., n:], v_blk.astype(dt)))
+        return self.o_proj(o.reshape(bsz, b, -1).astype(x.dtype))
+
+
+class DFlashLayer(nn.Module):
+    """h = x + attn(input_layernorm(x), context); out = h + mlp(post_attention_layernorm(h))."""
+
+    cfg: DrafterConfig
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self):
+        c = self.cfg
+        self.input_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.self_attn = DFlashAttention(c, self.param_dtype)
+        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, self.param_dtype)
+
+    def context_kv(self, ctx, positions):
+        return self.self_attn.kv(ctx, positions)
+
+    def __call__(self, x, positions, ctx_k, ctx_v, ctx_mask):
+        h = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, ctx_mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    """The drafter: `context_kv` (taps -> per-layer context K/V) and `__call__` (block -> hidden)."""
+
+    cfg: DrafterConfig
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self):
+        c = self.cfg
+        self.fc = Linear(_taps_width(c), c.hidden_size, self.param_dtype)
+        self.hidden_norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.layers = [DFlashLayer(c, self.param_dtype) for _ in range(c.num_hidden_layers)]
+        self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+
+    def context_kv(self, target_hidden, positions):
+        """target_hidden [B,n,len(ids)*d] raw taps, positions [B,n] -> k, v [L,B,n,KV,hd]."""
+        ctx = self.hidden_norm(self.fc(target_hidden))
+        ks, vs = zip(*(layer.context_kv(ctx, positions) for layer in self.layers))
+        return jnp.stack(ks), jnp.stack(vs)
+
+    def __call__(self, noise_embedding, positions, ctx_k, ctx_v, ctx_mask):
+        """noise_embedding [B,b,d], positions [B,b], ctx_k/ctx_v [L,B,N,KV,hd], ctx_mask [B,N]
+        -> final-normed hidden [B,b,d]."""
+        x = noise_embedding
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, ctx_k[i], ctx_v[i], ctx_mask)
+        return self.norm(x)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def init_drafter(cfg: DrafterConfig, key: jax.Array, dtype: Dtype = jnp.float32) -> dict:
+    """Random drafter params (the pytree `load_drafter` returns) in `dtype`: kernels
+    N(0, 1/fan_in), norm scales 1. The tree comes from the modules; the values from one draw."""
+    model = DFlashDrafter(cfg, dtype)
+
+    def run(m, taps, x, pos):
+        k, v = m.context_kv(taps, pos)
+        return m(x, pos, k, v, jnp.ones(pos.shape, bool))
+
+    shapes = jax.eval_shape(functools.partial(model.init, method=run), key,
+                            jnp.zeros((1, 1, _taps_width(cfg)), dtype),
+                            jnp.zeros((1, 1, cfg.hidden_size), dtype), jnp.zeros((1, 1), jnp.int32))
+    leaves, tree = jax.tree.flatten(shapes["params"])
+    draw = jax.random.normal(key, (sum(math.prod(x.shape) for x in leaves if x.ndim == 2),))
+    out, start = [], 0
+    for leaf in leaves:
+        if leaf.ndim == 1:                                   # RMSNorm scale
+            out.append(jnp.ones(leaf.shape, leaf.dtype))
+            continue
+        size = math.prod(leaf.shape)
+        out.append((draw[start:start + size].reshape(leaf.shape) * leaf.shape[0] ** -0.5)
+                   .astype(leaf.dtype))
+        start += size
+    return jax.tree.unflatten(tree, out)
+
+
+def _check_shape(name: str, x, expected: tuple) -> None:
+    """expected: ints or None (any size); raises ValueError naming `name`."""
+    ok = x.ndim == len(expected) and all(e is None or e == s for s, e in zip(x.shape, expected))
+    if not ok:
+        want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        raise ValueError(f"{name} has shape {list(x.shape)}, expected {want}")
+
+
+def drafter_hidden(params: dict, cfg: DrafterConfig, target_hidden: jax.Array,
+                   noise_embedding: jax.Array, positions: jax.Array) -> jax.Array:
+    """The z-lab forward without a cache.
+
+    target_hidden [B,n,len(target_layer_ids)*d] raw taps of the n context tokens,
+    noise_embedding [B,b,d] the embedded block, positions [B,n+b] (context first, then block)
+    -> final-normed hidden [B,b,d].
+    """
+    bsz, n = target_hidden.shape[:2]
+    _check_shape("target_hidden", target_hidden, (None, None, _taps_width(cfg)))
+    _check_shape("noise_embedding", noise_embedding, (bsz, None, cfg.hidden_size))
+    _check_shape("positions", positions, (bsz, n + noise_embedding.shape[1]))
+    model = DFlashDrafter(cfg)
+    k, v = model.apply({"params": params}, target_hidden, positions[:, :n], method="context_kv")
+    return model.apply({"params": params}, noise_embedding, positions[:, n:], k, v,
+                       jnp.ones((bsz, n), bool))
+
+
+class DrafterCache(NamedTuple):
+    """Context keys/values of every drafter layer, one row per stream.
+
+    k, v: [L, S, max_ctx, KV, hd] (k already k_normed and roped at its token's position);
+    lengths: [S] int32, slots `< lengths[s]` hold stream s's context.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+
+def init_drafter_cache(cfg: DrafterConfig, num_streams: int, max_ctx: int,
+                       dtype: Dtype = jnp.bfloat16) -> DrafterCache:
+    """An empty cache with room for `max_ctx` context tokens per stream."""
+    shape = (cfg.num_hidden_layers, num_streams, max_ctx, cfg.num_key_value_heads, cfg.head_dim)
+    return DrafterCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
+                        jnp.zeros((num_streams,), jnp.int32))
+
+
+def _concrete(x):
+    """x as a numpy array, or None while it is being traced."""
+    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+
+
+def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target_hidden: jax.Array,
+                   positions: jax.Array, num_new: jax.Array) -> DrafterCache:
+    """Fuse and project new context tokens into the cache.
+
+    target_hidden [S,n,len(ids)*d] raw taps, positions [S,n], num_new [S] int32 (<= n): token t of
+    stream s goes to slot lengths[s] + t when t < num_new[s]; lengths advance by num_new. Outside
+    jit, overflowing the cache raises; under jit the caller must keep lengths + num_new <= max_ctx.
+    """
+    num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[2]
+    n = positions.shape[1]
+    _check_shape("target_hidden", target_hidden, (num_streams, n, _taps_width(cfg)))
+    _check_shape("positions", positions, (num_streams, n))
+    _check_shape("num_new", num_new, (num_streams,))
+    new, lengths = _concrete(num_new), _concrete(cache.lengths)
+    if new is not None and ((new < 0) | (new > n)).any():
+        raise ValueError(f"num_new {new.tolist()} must lie in [0, {n}]")
+    if new is not None and lengths is not None and (lengths + new > max_ctx).any():
+        raise ValueError(f"drafter cache overflow: lengths {lengths.tolist()} + num_new "
+                         f"{new.tolist()} exceeds max_ctx={max_ctx}")
+    k, v = DFlashDrafter(cfg).apply({"params": params}, target_hidden, positions,
+                                    method="context_kv")                    # [L,S,n,KV,hd]
+    t = jnp.arange(n)
+    slot = jnp.where(t < num_new[:, None], cache.lengths[:, None] + t, max_ctx)  # max_ctx: dropped
+    row = jnp.arange(num_streams)[:, None]
+    return DrafterCache(cache.k.at[:, row, slot].set(k.astype(cache.k.dtype), mode="drop"),
+                        cache.v.at[:, row, slot].set(v.astype(cache.v.dtype), mode="drop"),
+                        cache.lengths + num_new.astype(cache.lengths.dtype))
+
+
+def draft_block(params: dict, cfg: DrafterConfig, cache: DrafterCache, noise_embedding: jax.Array,
+                block_positions: jax.Array) -> jax.Array:
+    """noise_embedding [S,b,d], block_positions [S,b] -> final-normed hidden [S,b,d].
+
+    The block attends to context slots < lengths[s] and to the whole block (non-causal); its own
+    keys/values are not stored. Rows 1..b-1 of the result, through `draft_logits`, are the
+    drafts for depths 1..b-1 (row 0 is the anchor token).
+    """
+    num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[2]
+    _check_shape("noise_embedding", noise_embedding, (num_streams, None, cfg.hidden_size))
+    _check_shape("block_positions", block_positions, (num_streams, noise_embedding.shape[1]))
+    mask = jnp.arange(max_ctx)[None, :] < cache.lengths[:, None]
+    return DFlashDrafter(cfg).apply({"params": params}, noise_embedding, block_positions,
+                                    cache.k, cache.v, mask)
+
+
+def block_embedding(target_params: dict, cfg: DrafterConfig, anchor_tokens: jax.Array) -> jax.Array:
+    """anchor_tokens [S] (last accepted token) -> embedded block [S, block_size, d]:
+    `[anchor, MASK x (block_size-1)]` through the target's `embed_tokens/embedding`."""
+    table = target_params["embed_tokens"]["embedding"]
+    mask = jnp.full((anchor_tokens.shape[0], cfg.block_size - 1), cfg.mask_token_id, jnp.int32)
+    return table[jnp.concatenate([anchor_tokens.astype(jnp.int32)[:, None], mask], axis=1)]
+
+
+def draft_logits(target_params: dict, hidden: jax.Array) -> jax.Array:
+    """Final-normed drafter hidden [..., d] -> float32 logits [..., V] via the target's lm_head."""
+    w = target_params["lm_head"]["kernel"]
+    return jnp.einsum("...d,dv->...v", hidden.astype(w.dtype), w,
+                      preferred_element_type=jnp.float32)

@@ -1,0 +1,84 @@
+"""MLA tree-verify attention over the latent cache (operation "mla_attention").
+
+Absorbed MLA is multi-query attention: H query heads share one latent KV head of width Dk
+(kv_lora + rope); values are the first `v_dim` latent channels. Query i of stream s attends to
+cache slots j < ctx_lens[s] and to the Q new tokens (slots ctx_lens[s] + t) its ancestor bitmask
+allows. Implementations: "xla" (chunked pure JAX), "pallas_triton" (flash-decoding kernel).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import registry
+from pallas_kernels.mla_attention import pallas_triton, xla  # noqa: F401  (registers impls)
+
+__all__ = ["mla_attention", "visibility_to_mask", "mask_to_visibility", "mask_words"]
+
+
+def mask_words(num_q: int) -> int:
+    """Number of int32 words per row of a node mask for Q new tokens: ceil(Q/32)."""
+    return -(-num_q // 32)
+
+
+def visibility_to_mask(visibility) -> jax.Array:
+    """visibility [S, Q, Q] bool (row i sees token t) -> node_mask [S, Q, ceil(Q/32)] int32."""
+    visibility = jnp.asarray(visibility)
+    if visibility.ndim != 3 or visibility.shape[1] != visibility.shape[2]:
+        raise ValueError(f"visibility must be [S, Q, Q]; got shape {visibility.shape}")
+    num_s, num_q, _ = visibility.shape
+    words = mask_words(num_q)
+    bits = jnp.pad(visibility.astype(jnp.uint32), ((0, 0), (0, 0), (0, 32 * words - num_q)))
+    bits = bits.reshape(num_s, num_q, words, 32) << jnp.arange(32, dtype=jnp.uint32)
+    return jax.lax.bitcast_convert_type(bits.sum(axis=-1, dtype=jnp.uint32), jnp.int32)
+
+
+def mask_to_visibility(node_mask, num_q: int) -> jax.Array:
+    """node_mask [S, Q, ceil(Q/32)] int32 -> visibility [S, Q, Q] bool (inverse of visibility_to_mask)."""
+    node_mask = jnp.asarray(node_mask)
+    t = jnp.arange(num_q)
+    words = jax.lax.bitcast_convert_type(node_mask, jnp.uint32)[:, :, t // 32]
+    return ((words >> (t % 32).astype(jnp.uint32)) & 1).astype(bool)
+
+
+def _concrete(x):
+    try:
+        return np.asarray(x)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return None
+
+
+def _validate(q, kv, ctx_lens, node_mask, scale, v_dim) -> None:
+    if q.ndim != 4:
+        raise ValueError(f"q must be [S, Q, H, Dk]; got shape {q.shape}")
+    num_s, num_q, _, dk = q.shape
+    if kv.ndim != 3 or kv.shape[0] != num_s or kv.shape[2] != dk:
+        raise ValueError(f"kv must be [S={num_s}, N, Dk={dk}]; got shape {kv.shape}")
+    if kv.shape[1] < num_q:
+        raise ValueError(f"kv has {kv.shape[1]} slots, fewer than the Q={num_q} new tokens")
+    if ctx_lens.shape != (num_s,) or not jnp.issubdtype(ctx_lens.dtype, jnp.integer):
+        raise ValueError(f"ctx_lens must be integer [S={num_s}]; got {ctx_lens.dtype}{ctx_lens.shape}")
+    if node_mask.shape != (num_s, num_q, mask_words(num_q)) or node_mask.dtype != jnp.int32:
+        raise ValueError(f"node_mask must be int32 [S, Q, ceil(Q/32)] = {(num_s, num_q, mask_words(num_q))}; "
+                         f"got {node_mask.dtype}{node_mask.shape}")
+    if not 0 < v_dim <= dk:
+        raise ValueError(f"v_dim must be in (0, Dk={dk}]; got {v_dim}")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite Python float; got {scale!r}")
+    lens = _concrete(ctx_lens)
+    if lens is not None and (lens.min(initial=0) < 0 or lens.max(initial=0) + num_q > kv.shape[1]):
+        raise ValueError(f"ctx_lens must satisfy 0 <= ctx_lens and ctx_lens + Q <= N={kv.shape[1]}; "
+                         f"got {lens.tolist()}")
+
+
+def mla_attention(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, impl: str = "auto") -> jax.Array:
+    """Tree-verify attention: q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32,
+    node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] in q.dtype (softmax in float32)."""
+    q, kv, ctx_lens, node_mask = map(jnp.asarray, (q, kv, ctx_lens, node_mask))
+    _validate(q, kv, ctx_lens, node_mask, scale, v_dim)
+    fn = registry.get("mla_attention", impl)
+    return fn(q, kv, ctx_lens.astype(jnp.int32), node_mask, scale=float(scale), v_dim=int(v_dim))

@@ -1,0 +1,188 @@
+"""Pallas:Triton MLA tree-verify attention (flash-decoding over the latent cache).
+
+Rows of a program are BLOCK_M consecutive (node, head) pairs of one stream (q viewed as
+[S, Q*H, Dk]), so each K/V tile loaded from the shared latent head serves BLOCK_M query rows.
+QK runs as two dots, latent [.., :v_dim] and rope [.., v_dim:], whose widths must be powers of
+two (512 + 64 for Kimi-K2). The context is split across `num_splits` programs; each keeps an
+online softmax in float32 and, when split, writes partial (acc, m, l) that an XLA combine merges.
+The last split also takes the tree block: keys at slots ctx + t, 32 at a time, visible per row
+by one word of the node bitmask (pre-expanded to rows as [S, W, Q*H]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import registry
+from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
+
+_TREE_BLOCK = 32
+_TARGET_PROGRAMS = 264          # about two waves of the H200's 132 SMs
+_MIN_SPLIT = 256                # fewest cache slots worth a split of their own
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """Tile sizes and launch parameters; num_splits None picks by occupancy."""
+    block_m: int = 32           # 32x64, 4 warps was fastest of 5 configs on an H200 (ctx 8k, S 8)
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int | None = None
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def default_splits(num_s: int, rows: int, num_slots: int, block_m: int) -> int:
+    programs = num_s * -(-rows // block_m)
+    want = -(-_TARGET_PROGRAMS // programs)
+    return max(1, min(want, num_slots // _MIN_SPLIT))
+
+
+def _dot(a, b, contract_b: int):
+    """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N]."""
+    return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _update(carry, s, v):
+    m, l, acc = carry
+    m_new = jnp.maximum(m, s.max(axis=1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(s - m_safe[:, None])
+    alpha = jnp.exp(m - m_safe)
+    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, 0)
+    return m_new, l * alpha + p.sum(axis=1), acc
+
+
+def _kernel(ctx_ref, q_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, num_q, rows,
+            num_slots, block_m, block_n, split_len, num_splits):
+    blk, split = pl.program_id(0), pl.program_id(1)
+    ctx = ctx_ref[()]
+    r0 = blk * block_m
+    row_ok = r0 + jnp.arange(block_m) < rows
+    q_lat = plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(0, v_dim)], mask=row_ok[:, None], other=0)
+    q_pe = plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(v_dim, rope)], mask=row_ok[:, None], other=0)
+
+    def scores(start, key_ok, n):
+        rows_k = pl.ds(start, n)
+        k_lat = plgpu.load(kv_ref.at[rows_k, pl.ds(0, v_dim)], mask=key_ok[:, None], other=0)
+        k_pe = plgpu.load(kv_ref.at[rows_k, pl.ds(v_dim, rope)], mask=key_ok[:, None], other=0)
+        s = _dot(q_lat, k_lat, 1) + _dot(q_pe, k_pe, 1)
+        return s * scale, k_lat
+
+    lo = split * split_len
+    hi = jnp.minimum(lo + split_len, ctx)
+
+    def ctx_body(i, carry):
+        start = lo + i * block_n
+        key_ok = start + jnp.arange(block_n) < hi
+        s, v = scores(start, key_ok, block_n)
+        return _update(carry, jnp.where(key_ok[None, :], s, -jnp.inf), v)
+
+    def tree_body(w, carry):
+        t = w * _TREE_BLOCK + jnp.arange(_TREE_BLOCK)
+        key_ok = (t < num_q) & (ctx + t < num_slots)
+        s, v = scores(ctx + w * _TREE_BLOCK, key_ok, _TREE_BLOCK)
+        word = plgpu.load(mask_ref.at[w, pl.ds(r0, block_m)], mask=row_ok, other=0)
+        bit = (word[:, None] >> jnp.arange(_TREE_BLOCK)[None, :]) & 1
+        return _update(carry, jnp.where((bit != 0) & key_ok[None, :], s, -jnp.inf), v)
+
+    carry = (jnp.full((block_m,), -jnp.inf, jnp.float32), jnp.zeros((block_m,), jnp.float32),
+             jnp.zeros((block_m, v_dim), jnp.float32))
+    carry = jax.lax.fori_loop(0, jnp.maximum(hi - lo + block_n - 1, 0) // block_n, ctx_body, carry)
+    num_tree = (split == num_splits - 1).astype(jnp.int32) * -(-num_q // _TREE_BLOCK)
+    m, l, acc = jax.lax.fori_loop(0, num_tree, tree_body, carry)
+
+    rows_o = pl.ds(r0, block_m)
+    if num_splits == 1:
+        (o_ref,) = out_refs
+        out = jnp.where(l[:, None] > 0, acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0)
+        plgpu.store(o_ref.at[rows_o, :], out.astype(o_ref.dtype), mask=row_ok[:, None])
+    else:
+        acc_ref, m_ref, l_ref = out_refs
+        plgpu.store(acc_ref.at[rows_o, :], acc, mask=row_ok[:, None])
+        plgpu.store(m_ref.at[rows_o], m, mask=row_ok)
+        plgpu.store(l_ref.at[rows_o], l, mask=row_ok)
+
+
+def _combine(acc, m, l):
+    """Partials acc [S,P,R,V], m and l [S,P,R] -> normalised [S,R,V] float32."""
+    m_max = m.max(axis=1, keepdims=True)
+    w = jnp.where(m == -jnp.inf, 0.0, jnp.exp(m - jnp.where(m_max == -jnp.inf, 0.0, m_max)))
+    total = (w * l).sum(axis=1)
+    out = (w[..., None] * acc).sum(axis=1)
+    return jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "config", "poison"))
+def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
+                         config: BlockConfig = BlockConfig(), poison: bool = False) -> jax.Array:
+    """q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32, node_mask [S,Q,W] int32 -> [S,Q,H,v_dim].
+
+    poison=True hands the kernel NaN-filled output buffers (aliased), so unwritten rows show.
+    """
+    num_s, num_q, num_h, dk = q.shape
+    num_slots = kv.shape[1]
+    rope = dk - v_dim
+    if not (_is_pow2(v_dim) and _is_pow2(rope)):
+        raise ValueError(f"pallas_triton mla_attention needs power-of-two v_dim and Dk - v_dim; "
+                         f"got v_dim={v_dim}, Dk={dk}")
+    rows = num_q * num_h
+    bm, bn = config.block_m, config.block_n
+    splits = config.num_splits or default_splits(num_s, rows, num_slots, bm)
+    split_len = -(-(-(-num_slots // splits)) // bn) * bn
+    row_mask = jnp.repeat(node_mask, num_h, axis=1).transpose(0, 2, 1)   # [S, W, Q*H]
+
+    grid = (-(-rows // bm), splits, num_s)
+    stream = lambda b, p, s: (s, 0, 0)
+    in_specs = [pl.BlockSpec((None,), lambda b, p, s: (s,)),
+                pl.BlockSpec((None, rows, dk), stream),
+                pl.BlockSpec((None, num_slots, dk), stream),
+                pl.BlockSpec((None, row_mask.shape[1], rows), stream)]
+    if splits == 1:
+        out_shape = [jax.ShapeDtypeStruct((num_s, rows, v_dim), q.dtype)]
+        out_specs = [pl.BlockSpec((None, rows, v_dim), stream)]
+    else:
+        out_shape = [jax.ShapeDtypeStruct((num_s, splits, rows, v_dim), jnp.float32),
+                     jax.ShapeDtypeStruct((num_s, splits, rows), jnp.float32),
+                     jax.ShapeDtypeStruct((num_s, splits, rows), jnp.float32)]
+        out_specs = [pl.BlockSpec((None, None, rows, v_dim), lambda b, p, s: (s, p, 0, 0)),
+                     pl.BlockSpec((None, None, rows), lambda b, p, s: (s, p, 0)),
+                     pl.BlockSpec((None, None, rows), lambda b, p, s: (s, p, 0))]
+    args = [ctx_lens, q.reshape(num_s, rows, dk), kv, row_mask]
+    aliases = {}
+    if poison:
+        aliases = {len(args) + i: i for i in range(len(out_shape))}
+        args += [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape]
+        in_specs += out_specs
+    kernel = functools.partial(
+        _kernel, scale=scale, v_dim=v_dim, rope=rope, num_q=num_q, rows=rows, num_slots=num_slots,
+        block_m=bm, block_n=bn, split_len=split_len, num_splits=splits)
+    if poison:
+        kernel = _drop_aliased_inputs(kernel, len(out_shape))
+    outs = pl.pallas_call(
+        kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        input_output_aliases=aliases, interpret=interpret_mode(), name="mla_tree_attention",
+        compiler_params=plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages),
+    )(*args)
+    out = outs[0] if splits == 1 else _combine(*outs)
+    return out.reshape(num_s, num_q, num_h, v_dim).astype(q.dtype)
+
+
+def _drop_aliased_inputs(kernel, n):
+    """The poison buffers arrive as the last n inputs; the kernel writes their aliased outputs."""
+    def wrapped(*refs):
+        return kernel(*refs[:4], *refs[4 + n:])
+    return wrapped
+
+
+@registry.register("mla_attention", "pallas_triton")
+def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int) -> jax.Array:
+    return mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim)

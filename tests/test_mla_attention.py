@@ -1,0 +1,140 @@
+"""MLA tree-verify attention: every implementation against the float64 numpy golden.
+
+Cases: random trees (chain, star, bushy, single node) and arbitrary masks, ragged contexts
+including 0 and N - Q, Q not a power of two and above 32 (two mask words), contexts not a
+multiple of any block, a Kimi-K2 head layout (Dk 512 + 64). Pallas runs in interpret mode off
+the GPU, with NaN-poisoned (aliased) output buffers so unwritten rows fail.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, pallas_triton,
+                                          visibility_to_mask, xla)
+from pallas_kernels.mla_attention.reference import (mla_attention_reference,
+                                                    visibility_from_mask_reference)
+from tests.kernel_testing import assert_close, runnable_impls
+
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1.5e-2}
+
+
+def tree_visibility(rng, num_q: int, kind: str) -> np.ndarray:
+    """[Q, Q] ancestor-or-self visibility of a random tree (node 0 = root), or a random mask."""
+    if kind == "random":
+        return rng.random((num_q, num_q)) < 0.4
+    parents = np.full(num_q, -1)
+    for i in range(1, num_q):
+        parents[i] = {"chain": i - 1, "star": 0, "bushy": int(rng.integers(0, i))}[kind]
+    vis = np.zeros((num_q, num_q), bool)
+    for i in range(num_q):
+        j = i
+        while j >= 0:
+            vis[i, j], j = True, parents[j]
+    return vis
+
+
+def make_case(seed, num_s, num_q, num_h, dk, v_dim, num_slots, ctx, kinds, dtype):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((num_s, num_q, num_h, dk)), dtype)
+    kv = jnp.asarray(rng.standard_normal((num_s, num_slots, dk)), dtype)
+    vis = np.stack([tree_visibility(rng, num_q, kinds[s % len(kinds)]) for s in range(num_s)])
+    return q, kv, jnp.asarray(ctx, jnp.int32), visibility_to_mask(vis), vis
+
+
+CASES = {
+    # name: (S, Q, H, Dk, v_dim, N, ctx_lens, tree kinds, dtype)
+    "bushy_ragged": (3, 5, 4, 40, 32, 50, [0, 17, 45], ["bushy", "chain", "random"], jnp.float32),
+    "two_words_bf16": (2, 37, 2, 24, 16, 120, [83, 1], ["bushy", "star"], jnp.bfloat16),
+    "single_node": (2, 1, 3, 24, 16, 70, [69, 0], ["chain"], jnp.float32),
+    "k2_heads": (1, 3, 8, 576, 512, 100, [97], ["bushy"], jnp.bfloat16),
+}
+
+
+@pytest.mark.parametrize("impl", runnable_impls("mla_attention"))
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_golden(impl, case):
+    num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype = CASES[case]
+    q, kv, ctx_lens, node_mask, _ = make_case(hash(case) % 1000, num_s, num_q, num_h, dk, v_dim,
+                                              n, ctx, kinds, dtype)
+    scale = dk ** -0.5
+    out = mla_attention(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim, impl=impl)
+    assert out.shape == (num_s, num_q, num_h, v_dim) and out.dtype == dtype
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim)
+    assert_close(out, ref, TOL[dtype], f"{impl}/{case}")
+
+
+@pytest.mark.parametrize("config", [
+    pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=1),
+    pallas_triton.BlockConfig(block_m=8, block_n=16, num_warps=4, num_splits=3),
+], ids=["one_split", "three_splits"])
+def test_pallas_poisoned_blocks_and_splits(config):
+    """Rows (Q*H = 30) and contexts not multiples of the blocks; NaN-filled outputs must be overwritten."""
+    q, kv, ctx_lens, node_mask, vis = make_case(7, 3, 10, 3, 40, 32, 90, [0, 41, 80],
+                                                ["chain", "random", "star"], jnp.float32)
+    vis[0, 4] = False                                   # ctx 0 and no visible token: zero row
+    node_mask = visibility_to_mask(vis)
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32,
+                                             config=config, poison=True)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32)
+    assert_close(out, ref, 1e-5, "pallas_triton")
+    assert np.all(np.asarray(out)[0, 4] == 0)
+
+
+def test_xla_many_chunks_under_jit(monkeypatch):
+    """Force 16-slot chunks (last one overlapping) and trace ctx_lens, as the model does."""
+    monkeypatch.setattr(xla, "_SCORE_ELEMS", 1)
+    q, kv, ctx_lens, node_mask, _ = make_case(3, 2, 6, 2, 24, 16, 53, [47, 30], ["bushy"], jnp.float32)
+    fn = jax.jit(lambda *a: mla_attention(*a, scale=0.3, v_dim=16, impl="xla"))
+    out = fn(q, kv, ctx_lens, node_mask)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.3, v_dim=16)
+    assert_close(out, ref, 1e-5, "xla chunked")
+
+
+@pytest.mark.parametrize("num_q", [1, 32, 70])
+def test_mask_round_trip(num_q):
+    vis = np.random.default_rng(num_q).random((2, num_q, num_q)) < 0.5
+    node_mask = visibility_to_mask(vis)
+    assert node_mask.shape == (2, num_q, -(-num_q // 32)) and node_mask.dtype == jnp.int32
+    np.testing.assert_array_equal(visibility_from_mask_reference(np.asarray(node_mask), num_q), vis)
+    np.testing.assert_array_equal(mask_to_visibility(node_mask, num_q), vis)
+
+
+def test_mask_bit_layout():
+    vis = np.zeros((1, 33, 33), bool)
+    vis[0, 0, 31] = vis[0, 1, 0] = vis[0, 2, 32] = True
+    node_mask = np.asarray(visibility_to_mask(vis))
+    assert node_mask[0, 0, 0] == np.iinfo(np.int32).min and node_mask[0, 1, 0] == 1
+    assert node_mask[0, 2, 0] == 0 and node_mask[0, 2, 1] == 1
+
+
+def _bad(**kw):
+    q, kv, ctx_lens, node_mask, _ = make_case(0, 2, 3, 2, 24, 16, 10, [4, 7], ["chain"], jnp.float32)
+    args = dict(q=q, kv=kv, ctx_lens=ctx_lens, node_mask=node_mask, scale=0.1, v_dim=16) | kw
+    return args
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(q=jnp.zeros((2, 3, 24))), "q must be"),
+    (dict(kv=jnp.zeros((2, 10, 20))), "kv must be"),
+    (dict(kv=jnp.zeros((2, 2, 24))), "fewer than the Q"),
+    (dict(ctx_lens=jnp.zeros((3,), jnp.int32)), "ctx_lens must be integer"),
+    (dict(ctx_lens=jnp.array([4, 8], jnp.int32)), "ctx_lens \\+ Q"),
+    (dict(node_mask=jnp.zeros((2, 3, 2), jnp.int32)), "node_mask must be"),
+    (dict(v_dim=25), "v_dim must be"),
+    (dict(scale=float("nan")), "scale must be"),
+])
+def test_bad_input(kw, match):
+    args = _bad(**kw)
+    with pytest.raises(ValueError, match=match):
+        mla_attention(args.pop("q"), args.pop("kv"), args.pop("ctx_lens"), args.pop("node_mask"), **args)
+
+
+def test_pallas_rejects_non_pow2_split():
+    args = _bad()
+    with pytest.raises(ValueError, match="power-of-two"):
+        mla_attention(args["q"], args["kv"], args["ctx_lens"], args["node_mask"], scale=0.1, v_dim=12,
+                      impl="pallas_triton")
