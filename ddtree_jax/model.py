@@ -172,11 +172,14 @@ def init_experts(cfg: ModelConfig, key, dtype=jnp.float32):
     return moe_kernels.prepare_experts_int4(*q(kg, i, d), *q(ku, i, d), *q(kd, d, i))
 
 
-def _scatter_new(kv, lengths, new, num_new):
-    """Write new [S, T, D] at slots lengths[s] + t (t < num_new[s]) of kv [S, N, D]; others dropped."""
+def _scatter_new(kv, lengths, new):
+    """Write new [S, T, D] at slots lengths[s] + t of kv [S, N, D]; slots past N are dropped.
+
+    Padding tokens (t >= num_new) are written too, so every slot a kernel may load is finite; they
+    lie beyond the new length and are overwritten later.
+    """
     s, t = new.shape[:2]
     slots = lengths[:, None] + jnp.arange(t)[None, :]
-    slots = jnp.where(jnp.arange(t)[None, :] < num_new[:, None], slots, kv.shape[1])  # out of range: dropped
     return kv.at[jnp.arange(s)[:, None], slots].set(new.astype(kv.dtype), mode="drop")
 
 
@@ -212,7 +215,7 @@ class MLA(nn.Module):
         cos, sin = rope.target_tables(cfg, positions)                             # [S, T, r/2]
         q_pe = rope.apply_interleaved(q_pe, cos[:, :, None], sin[:, :, None])
         k_pe = rope.apply_interleaved(kv_a[..., lora:], cos, sin)
-        kv = _scatter_new(kv, lengths, jnp.concatenate([c, k_pe], axis=-1), num_new)
+        kv = _scatter_new(kv, lengths, jnp.concatenate([c, k_pe], axis=-1))
 
         w_kv_b = Linear(lora, h * (nope + vdim), pd, name="kv_b_proj").weight().reshape(lora, h, nope + vdim)
         w_uk, w_uv = w_kv_b[..., :nope].astype(x.dtype), w_kv_b[..., nope:].astype(x.dtype)
@@ -299,8 +302,11 @@ class Decoder(nn.Module):
         return logits, tuple(new_kv), tap_out
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
 def init_target(cfg: ModelConfig, key, dtype=jnp.float32):
     """Random target params (the same pytree as `load_target` returns)."""
+    # The counter-based "rbg" generator compiles far faster than threefry for hundreds of leaves.
+    key = jax.random.key(jax.random.bits(key, (), jnp.uint32), impl="rbg")
     dummy = jnp.zeros((1, 1), jnp.int32)
     cache = init_cache(cfg, 1, 1, dtype)
     variables = Decoder(cfg, dtype).init(key, dummy, dummy, cache.kv, cache.lengths,
@@ -350,10 +356,19 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, 
         if np.any(end > cache.max_len):
             raise ValueError(f"positions beyond the cache: stream lengths + new tokens {end.tolist()} "
                              f"exceed max_len {cache.max_len}")
+    if attn_mode not in ("absorbed", "naive"):
+        raise ValueError(f"attn_mode must be 'absorbed' or 'naive', got {attn_mode!r}")
+    return _apply(params, cfg, tokens, positions, cache, visibility, num_new, tuple(taps), attn_mode,
+                  attn_impl, moe_impl)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "taps", "attn_mode", "attn_impl", "moe_impl"))
+def _apply(params, cfg, tokens, positions, cache, visibility, num_new, taps, attn_mode, attn_impl,
+           moe_impl) -> ForwardOut:
     dtype = jax.tree_util.tree_leaves(params["embed_tokens"])[0].dtype
     logits, kv, tap_out = Decoder(cfg, dtype).apply(
         {"params": params}, tokens, positions, cache.kv, cache.lengths, visibility, num_new,
-        tuple(taps), attn_mode, attn_impl, moe_impl)
+        taps, attn_mode, attn_impl, moe_impl)
     return ForwardOut(logits=logits, cache=LatentCache(kv=kv, lengths=cache.lengths + num_new),
                       taps=tap_out)
 

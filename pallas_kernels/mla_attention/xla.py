@@ -57,6 +57,7 @@ def mla_attention_xla(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int) -
         k = jax.lax.dynamic_slice_in_dim(kv, start, chunk, axis=1)
         pos = start + jnp.arange(chunk)
         valid = (pos[None, :] >= nominal) & (pos[None, :] < ctx_lens[:, None])   # [S, C]
+        k = jnp.where(valid[..., None], k, 0)          # stale slots may hold anything, even NaN
         scores = jnp.where(valid[:, None, None, :], _scores(q, k, scale), -jnp.inf)
         return i + 1, _online_update(carry, scores, k[..., :v_dim])
 
@@ -68,6 +69,7 @@ def mla_attention_xla(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int) -
     k_new = jnp.take_along_axis(kv, slots[:, :, None], axis=1)                  # [S, Q, Dk]
     words = jax.lax.bitcast_convert_type(node_mask, jnp.uint32)[:, :, t // 32]  # [S, Q, Q]
     visible = ((words >> (t % 32).astype(jnp.uint32)) & 1).astype(bool)
+    k_new = jnp.where(visible.any(axis=1)[..., None], k_new, 0)                 # unseen slots: ignore
     scores = jnp.where(visible[:, :, None, :], _scores(q, k_new, scale), -jnp.inf)
     _, l, acc = _online_update(carry, scores, k_new[..., :v_dim])
     out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)

@@ -1,0 +1,49 @@
+"""Routing alignment on the device (the role of vLLM's `moe_align_block_size`).
+
+The T*k token slots (slot = t*k + j) are sorted by expert and each expert's run is padded to a
+multiple of the row block `block_m`, so every block of `block_m` sorted rows belongs to one
+expert. Shapes are static for a given (T, k, E, block_m): the number of blocks is the worst case
+over all routings, unused trailing blocks carry expert -1.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Routing(NamedTuple):
+    row_slot: jax.Array      # [R] int32: slot held by each sorted row; T*k marks a padding row
+    block_expert: jax.Array  # [R / block_m] int32: expert of each row block; -1 = unused block
+    slot_row: jax.Array      # [T*k] int32: sorted row of each slot (inverse of row_slot)
+
+
+def max_blocks(num_slots: int, num_experts: int, block_m: int) -> int:
+    """Most row blocks any routing of `num_slots` slots over `num_experts` experts can need."""
+    return (num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m
+
+
+def align_routing(topk_ids, num_experts: int, block_m: int) -> Routing:
+    """topk_ids int [T, k] (values in [0, num_experts)) -> Routing; jit-able."""
+    if topk_ids.ndim != 2 or not jnp.issubdtype(topk_ids.dtype, jnp.integer):
+        raise ValueError(f"topk_ids: expected an integer [T, k] array, got {topk_ids.dtype} "
+                         f"{topk_ids.shape}")
+    if block_m < 1 or num_experts < 1:
+        raise ValueError(f"block_m={block_m} and num_experts={num_experts} must be >= 1")
+    flat = topk_ids.reshape(-1).astype(jnp.int32)
+    n = flat.shape[0]
+    nb = max_blocks(n, num_experts, block_m)
+    counts = jnp.bincount(flat, length=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    start = jnp.cumsum(counts) - counts
+    start_padded = jnp.cumsum(padded) - padded
+    order = jnp.argsort(flat, stable=True).astype(jnp.int32)     # slots grouped by expert
+    expert = flat[order]
+    row = start_padded[expert] + jnp.arange(n, dtype=jnp.int32) - start[expert]
+    row = row.astype(jnp.int32)
+    row_slot = jnp.full((nb * block_m,), n, jnp.int32).at[row].set(order)
+    slot_row = jnp.zeros((n,), jnp.int32).at[order].set(row)
+    block_expert = jnp.full((nb,), -1, jnp.int32).at[row // block_m].set(expert)
+    return Routing(row_slot, block_expert, slot_row)

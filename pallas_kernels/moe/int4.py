@@ -1,0 +1,136 @@
+"""INT4 W4A16 weights: compressed-tensors pack-quantized format and the kernels' layout.
+
+compressed-tensors (HF, `[out N, in K]`): symmetric, group 32 along K; `packed` int32 [..., N, K/8]
+holds 8 nibbles per word, lowest K index in the lowest nibble, value = nibble - 8; `scale` bf16
+[..., N, K/32].
+
+Kernel layout (`[in, out]`, K padded to a multiple of KBLOCK=256 with zero weights and scales):
+`qweight` int32 [..., Kp/8, N], `qscale` bf16 [..., Kp/32, N]. Nibble j of word row `kb*32 + r`
+holds K index `kb*256 + j*32 + r`, so within one 256-wide K block nibble plane j is the whole
+32-row group `kb*8 + j`: a kernel turns each plane into one [32, N] bf16 slab and one K=32 dot,
+and applies that group's scale to the dot output.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+GROUP = 32
+KBLOCK = 256          # K block of the kernel layout: 8 nibble planes x 32 rows
+PLANE = KBLOCK // 8   # rows per nibble plane == GROUP
+
+_SHIFTS = jnp.arange(8, dtype=jnp.uint32) * 4
+
+
+def _check_k(k: int, name: str) -> None:
+    if k % GROUP:
+        raise ValueError(f"{name}: input dim K={k} must be a multiple of the group size {GROUP}")
+
+
+def padded_k(k: int) -> int:
+    """K rounded up to the kernel layout's K block."""
+    return -(-k // KBLOCK) * KBLOCK
+
+
+def _unpack(packed):
+    """int32 [..., W] -> uint32 nibbles [..., W*8] (lowest nibble first)."""
+    u = jax.lax.bitcast_convert_type(packed, jnp.uint32)
+    nib = (u[..., None] >> _SHIFTS) & 0xF
+    return nib.reshape(*packed.shape[:-1], packed.shape[-1] * 8)
+
+
+def _pack(nib):
+    """uint32 nibbles [..., W*8] -> int32 [..., W] (lowest nibble first)."""
+    nib = nib.reshape(*nib.shape[:-1], nib.shape[-1] // 8, 8).astype(jnp.uint32)
+    word = jnp.bitwise_or.reduce(nib << _SHIFTS, axis=-1)
+    return jax.lax.bitcast_convert_type(word, jnp.int32)
+
+
+@jax.jit
+def quantize_int4(w):
+    """w float [..., N, K] -> (packed int32 [..., N, K/8], scale bf16 [..., N, K/32]).
+
+    Symmetric group-32 quantisation as compressed-tensors: scale = absmax / 7.5 (rounded to bf16),
+    q = clip(round(w / scale), -8, 7), stored as q + 8.
+    """
+    _check_k(w.shape[-1], "w")
+    g = w.astype(jnp.float32).reshape(*w.shape[:-1], w.shape[-1] // GROUP, GROUP)
+    scale = (jnp.max(jnp.abs(g), axis=-1) / 7.5).astype(jnp.bfloat16)
+    s = scale.astype(jnp.float32)[..., None]
+    q = jnp.clip(jnp.round(g / jnp.where(s == 0, 1.0, s)), -8, 7)
+    nib = (q + 8).astype(jnp.uint32).reshape(w.shape)
+    return _pack(nib), scale
+
+
+@jax.jit
+def dequantize_int4(packed, scale):
+    """(packed int32 [..., N, K/8], scale [..., N, K/32]) -> float32 [..., N, K]."""
+    if packed.dtype != jnp.int32:
+        raise ValueError(f"packed: expected int32, got {packed.dtype}")
+    if scale.shape[:-1] != packed.shape[:-1] or scale.shape[-1] * 4 != packed.shape[-1]:
+        raise ValueError(f"scale: shape {scale.shape} does not match packed {packed.shape}")
+    q = _unpack(packed).astype(jnp.float32) - 8.0
+    q = q.reshape(*scale.shape, GROUP)
+    return (q * scale.astype(jnp.float32)[..., None]).reshape(*packed.shape[:-1], -1)
+
+
+def _to_kernel_one(packed, scale):
+    """One matrix: HF (packed [N, K/8], scale [N, K/32]) -> (qweight [Kp/8, N], qscale [Kp/32, N])."""
+    n, k = packed.shape[0], packed.shape[1] * 8
+    kp = padded_k(k)
+    nib = jnp.pad(_unpack(packed), ((0, 0), (0, kp - k)), constant_values=8)
+    # [N, Kp] -> [Kp/256, r=32, N, j=8]: word (kb*32 + r, n) collects K index kb*256 + j*32 + r.
+    nib = nib.reshape(n, kp // KBLOCK, 8, PLANE).transpose(1, 3, 0, 2)
+    qweight = _pack(nib).reshape(kp // 8, n)
+    qscale = jnp.pad(scale.astype(jnp.bfloat16).T, ((0, (kp - k) // GROUP), (0, 0)))
+    return qweight, qscale
+
+
+def _to_hf_one(qweight, qscale, k):
+    """Inverse of `_to_kernel_one` for one matrix; `k` is the unpadded input dim."""
+    kp, n = qweight.shape[0] * 8, qweight.shape[1]
+    nib = _unpack(qweight.reshape(kp // KBLOCK, PLANE, n))          # [Kp/256, 32, N*8] (n, j)
+    nib = nib.reshape(kp // KBLOCK, PLANE, n, 8).transpose(2, 0, 3, 1).reshape(n, kp)
+    return _pack(nib[:, :k]), qscale[: k // GROUP].T
+
+
+def _check_hf_pair(packed, scale, name):
+    if packed.ndim != 3 or packed.dtype != jnp.int32:
+        raise ValueError(f"{name}_packed: expected int32 [E, N, K/8], got {packed.dtype} {packed.shape}")
+    e, n, w = packed.shape
+    if scale.shape != (e, n, w // 4):
+        raise ValueError(f"{name}_scale: expected shape {(e, n, w // 4)}, got {scale.shape}")
+    _check_k(w * 8, f"{name}_packed")
+
+
+def to_kernel_layout(packed, scale, name: str = "w"):
+    """Stacked experts: (packed int32 [E, N, K/8], scale [E, N, K/32]) ->
+    (qweight int32 [E, Kp/8, N], qscale bf16 [E, Kp/32, N]); one expert at a time on the device."""
+    _check_hf_pair(packed, scale, name)
+    return _to_kernel_stacked(packed, scale)
+
+
+@jax.jit
+def _to_kernel_stacked(packed, scale):
+    return jax.lax.map(lambda a: _to_kernel_one(*a), (packed, scale))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def from_kernel_layout(qweight, qscale, k: int):
+    """Inverse of `to_kernel_layout` (bit-exact); `k` is the unpadded input dim."""
+    return jax.lax.map(lambda a: _to_hf_one(*a, k), (qweight, qscale))
+
+
+def dequantize_kernel_layout(qweight, qscale, dtype=jnp.float32):
+    """Kernel layout (qweight [..., Kp/8, N], qscale [..., Kp/32, N]) -> dtype [..., Kp, N]."""
+    *lead, w, n = qweight.shape
+    kp = w * 8
+    nib = _unpack(jnp.swapaxes(qweight.reshape(*lead, kp // KBLOCK, PLANE, n), -1, -2))
+    nib = nib.reshape(*lead, kp // KBLOCK, n, PLANE, 8)                  # [.., kb, n, r, j]
+    q = jnp.moveaxis(nib, -3, -1).swapaxes(-3, -2).reshape(*lead, kp, n)  # [.., kb, j, r, n]
+    q = q.astype(jnp.float32) - 8.0
+    s = jnp.repeat(qscale.astype(jnp.float32), GROUP, axis=-2)
+    return (q * s).astype(dtype)

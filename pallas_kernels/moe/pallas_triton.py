@@ -1,0 +1,176 @@
+"""The "pallas_triton" implementation of moe_experts: two grouped GEMM kernels over aligned slots.
+
+Grid (row block b, column tile n); block b's rows all belong to expert `block_expert[b]` (-1: the
+program does nothing). INT4 weights are read as kernel-layout words [32, BN] per 256-wide K block
+and dequantised in registers into 8 planes, one K=32 dot each, scaled on the [BM, BN] f32 output.
+1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
+2. down: y[row] = w_row * (h[row] @ Wd), float32.
+The top-k results are then summed per token (xla.combine): deterministic, no atomics.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import registry
+from pallas_kernels.moe import int4, tuning
+from pallas_kernels.moe.align import align_routing
+from pallas_kernels.moe.dequant import plane
+from pallas_kernels.moe.experts import Dims, check_moe_inputs
+from pallas_kernels.moe.xla import combine
+from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
+
+
+def _col_block(n: int, bn: int) -> int:
+    """Largest power of two <= bn dividing n (n is a multiple of 32 for every expert matrix)."""
+    while n % bn:
+        bn //= 2
+    return bn
+
+
+def _k_chunk(k: int) -> int:
+    """bf16 weights: K chunk, the lowest power of two of k capped at 64 (needs k % 16 == 0)."""
+    chunk = min(64, k & -k)
+    if chunk < 16:
+        raise ValueError(f"bf16 experts: input dim {k} must be a multiple of 16 for the Pallas kernels")
+    return chunk
+
+
+def _dot(a, w):
+    """a [M, K] @ w [K, N] with float32 accumulation; float32 operands in full precision."""
+    prec = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+    return jnp.dot(a, w, precision=prec, preferred_element_type=jnp.float32)
+
+
+def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route):
+    """sum_k A[:, k] W[k, n0:n0+bn] for each W in `ws`: [(qweight, qscale) refs] or [weight refs].
+
+    load_a(k0, size) -> [BM, size] activations. Returns one float32 [BM, BN] per W.
+    """
+    cols = pl.ds(n0, bn)
+    zero = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in ws)
+    if not int4_weights:
+        chunk = _k_chunk(k)
+
+        def step(i, accs):
+            a = load_a(i * chunk, chunk)
+            return tuple(acc + _dot(a, w[e, pl.ds(i * chunk, chunk), cols].astype(dtype))
+                         for acc, w in zip(accs, ws))
+
+        return jax.lax.fori_loop(0, k // chunk, step, zero)
+
+    def kblock(kb, accs, n_planes):
+        accs = list(accs)
+        words = [qw[e, pl.ds(kb * int4.PLANE, int4.PLANE), cols] for qw, _ in ws]
+        for j in range(n_planes):
+            a = load_a(kb * int4.KBLOCK + j * int4.PLANE, int4.PLANE)   # shared by gate and up
+            for i, (_, qs) in enumerate(ws):
+                s = qs[e, kb * 8 + j, cols].astype(jnp.float32)
+                accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route)) * s[None, :]
+        return tuple(accs)
+
+    full, tail = divmod(k, int4.KBLOCK)
+    accs = jax.lax.fori_loop(0, full, lambda kb, a: kblock(kb, a, 8), zero)
+    if tail:
+        accs = kblock(full, accs, tail // int4.PLANE)
+    return accs
+
+
+def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, int4_weights, route,
+                    aliased):
+    w_refs, h_ref = refs[:-2 if aliased else -1], refs[-1]   # an aliased input is never read
+    b, n = pl.program_id(0), pl.program_id(1)
+    e = block_expert_ref[b]
+
+    @pl.when(e >= 0)
+    def _():
+        tokens = row_token_ref[pl.ds(b * bm, bm)]
+        ws = [tuple(w_refs[i:i + 2]) for i in (0, 2)] if int4_weights else list(w_refs)
+        g, u = _project(lambda k0, size: x_ref[tokens, pl.ds(k0, size)], ws, e, n * bn, bm, bn, k,
+                        int4_weights=int4_weights, dtype=x_ref.dtype, route=route)
+        h = g / (1.0 + jnp.exp(-g)) * u
+        h_ref[pl.ds(b * bm, bm), pl.ds(n * bn, bn)] = h.astype(h_ref.dtype)
+
+
+def _down_kernel(row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k, int4_weights, route,
+                 aliased):
+    w_refs, y_ref = refs[:-2 if aliased else -1], refs[-1]
+    b, n = pl.program_id(0), pl.program_id(1)
+    e = block_expert_ref[b]
+
+    @pl.when(e >= 0)
+    def _():
+        ws = [tuple(w_refs)] if int4_weights else list(w_refs)
+        (y,) = _project(lambda k0, size: h_ref[pl.ds(b * bm, bm), pl.ds(k0, size)], ws, e,
+                        n * bn, bm, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route)
+        w = row_weight_ref[pl.ds(b * bm, bm)]
+        y_ref[pl.ds(b * bm, bm), pl.ds(n * bn, bn)] = y * w[:, None]
+
+
+def _call(kernel, grid, out_shape, args, cfg, out):
+    """pallas_call; writes into `out` (a buffer of out_shape, e.g. NaN-poisoned) when given."""
+    aliased = out is not None
+    return pl.pallas_call(
+        functools.partial(kernel, aliased=aliased), out_shape=out_shape, grid=grid,
+        input_output_aliases={len(args): 0} if aliased else {},
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=interpret_mode(),
+    )(*args, *([out] if aliased else []))
+
+
+def _weights(experts, name, int4_weights):
+    if int4_weights:
+        return [experts[f"{name}_qweight"], experts[f"{name}_qscale"]]
+    return [experts[f"{name}_kernel"]]
+
+
+def _route(cfg, dtype) -> str:
+    return "asm" if cfg.dequant == "asm" and dtype == jnp.bfloat16 and not interpret_mode() else "bits"
+
+
+def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None):
+    """h [R, I] x.dtype: SiLU(x[row_token] @ Wg[e]) * (x[row_token] @ Wu[e]) for every used block."""
+    bn = _col_block(dm.intermediate, cfg.bn_up)
+    kernel = functools.partial(_gate_up_kernel, bm=cfg.bm, bn=bn, k=dm.hidden, int4_weights=dm.int4,
+                               route=_route(cfg, x.dtype))
+    args = [row_token, block_expert, x, *_weights(experts, "gate", dm.int4),
+            *_weights(experts, "up", dm.int4)]
+    shape = jax.ShapeDtypeStruct((row_token.shape[0], dm.intermediate), x.dtype)
+    return _call(kernel, (block_expert.shape[0], dm.intermediate // bn), shape, args, cfg, out)
+
+
+def down(h, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
+    """y [R, d] float32: row_weight[row] * (h[row] @ Wd[e]) for every used block."""
+    bn = _col_block(dm.hidden, cfg.bn_down)
+    kernel = functools.partial(_down_kernel, bm=cfg.bm, bn=bn, k=dm.intermediate,
+                               int4_weights=dm.int4, route=_route(cfg, h.dtype))
+    args = [row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
+    shape = jax.ShapeDtypeStruct((h.shape[0], dm.hidden), jnp.float32)
+    return _call(kernel, (block_expert.shape[0], dm.hidden // bn), shape, args, cfg, out)
+
+
+def routed_rows(topk_ids, topk_weights, num_experts: int, bm: int):
+    """Align the routing: (routing, row_token [R], row_weight [R] float32)."""
+    t, k = topk_ids.shape
+    r = align_routing(topk_ids, num_experts, bm)
+    row_token = jnp.minimum(r.row_slot // k, t - 1)
+    w_slot = jnp.concatenate([topk_weights.reshape(-1).astype(jnp.float32), jnp.zeros((1,))])
+    return r, row_token, w_slot[r.row_slot]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoEConfig | None = None):
+    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts -> [T, d] x.dtype (cfg: tuning.config(T))."""
+    dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
+    cfg = cfg or tuning.config(x.shape[0])
+    r, row_token, row_weight = routed_rows(topk_ids, topk_weights, dm.num_experts, cfg.bm)
+    h = gate_up(x, row_token, r.block_expert, experts, dm, cfg)
+    y = down(h, row_weight, r.block_expert, experts, dm, cfg)
+    return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
+
+
+registry.register("moe_experts", "pallas_triton")(
+    lambda x, topk_ids, topk_weights, experts: moe_experts_pallas(x, topk_ids, topk_weights, experts))

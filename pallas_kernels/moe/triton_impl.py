@@ -1,0 +1,69 @@
+"""The "triton" implementation of moe_experts: raw Triton kernels through jax_triton.triton_call.
+
+Same algorithm and layouts as pallas_triton.py (gate_up with the SiLU epilogue, down with the row
+weight, per-token combine in XLA); the route that survives Pallas:Triton's removal. GPU only:
+the kernels (_triton_kernels.py) and jax_triton are imported on first use (jax-triton raises on
+import without a GPU jaxlib).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import registry
+from pallas_kernels.moe import int4, tuning
+from pallas_kernels.moe.experts import check_moe_inputs
+from pallas_kernels.moe.pallas_triton import _col_block, routed_rows
+from pallas_kernels.moe.xla import combine
+
+
+@functools.cache
+def _kernels():
+    from pallas_kernels.moe import _triton_kernels as tk
+    return tk.gate_up, tk.down
+
+
+def _weights(experts, name, int4_weights):
+    if int4_weights:
+        return [experts[f"{name}_qweight"], experts[f"{name}_qscale"]]
+    w = experts[f"{name}_kernel"]
+    return [w, w]          # the scale pointer is unused for bf16 weights
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def moe_experts_triton(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoEConfig | None = None):
+    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts -> [T, d] x.dtype (GPU only)."""
+    import jax_triton as jt
+
+    dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
+    if not dm.int4 and (dm.hidden % 32 or dm.intermediate % 32):
+        raise ValueError(f"experts: the triton kernels need d ({dm.hidden}) and I "
+                         f"({dm.intermediate}) to be multiples of 32")
+    cfg = cfg or tuning.config(x.shape[0])
+    gate_up_k, down_k = _kernels()
+    r, row_token, row_weight = routed_rows(topk_ids, topk_weights, dm.num_experts, cfg.bm)
+    rows, nb = r.row_slot.shape[0], r.block_expert.shape[0]
+    asm = cfg.dequant == "asm" and x.dtype == jnp.bfloat16
+    common = dict(BM=cfg.bm, INT4=dm.int4, ASM=asm, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    bn = _col_block(dm.intermediate, cfg.bn_up)
+    kw_up = int4.padded_k(dm.hidden) // 8 if dm.int4 else dm.hidden
+    h = jt.triton_call(
+        row_token, r.block_expert, x, *_weights(experts, "gate", dm.int4),
+        *_weights(experts, "up", dm.int4), kernel=gate_up_k,
+        out_shape=jax.ShapeDtypeStruct((rows, dm.intermediate), x.dtype),
+        grid=(nb, dm.intermediate // bn), D=dm.hidden, N=dm.intermediate, KW=kw_up, BN=bn, **common)
+    bn = _col_block(dm.hidden, cfg.bn_down)
+    kw_down = int4.padded_k(dm.intermediate) // 8 if dm.int4 else dm.intermediate
+    y = jt.triton_call(
+        row_weight, r.block_expert, h, *_weights(experts, "down", dm.int4), kernel=down_k,
+        out_shape=jax.ShapeDtypeStruct((rows, dm.hidden), jnp.float32),
+        grid=(nb, dm.hidden // bn), I=dm.intermediate, N=dm.hidden, KW=kw_down, BN=bn, **common)
+    return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
+
+
+registry.register("moe_experts", "triton")(
+    lambda x, topk_ids, topk_weights, experts: moe_experts_triton(x, topk_ids, topk_weights, experts))

@@ -1,0 +1,39 @@
+"""Kernel block configurations by token count (written from experiments/kernel_bench.py --op=moe sweeps).
+
+`config(T)` returns the entry of the smallest `max_tokens` >= T. Fields: bm (rows per block, the
+routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
+num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class MoEConfig(NamedTuple):
+    bm: int = 16
+    bn_up: int = 64
+    bn_down: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    dequant: str = "asm"
+
+
+# (max_tokens, config); the last entry covers every larger T. From the H200 sweep of 2026-11-30
+# (experiments/results/moe_gemm.md): the fastest measured config per T; T <= 1024 from the
+# "triton" run (the pallas sweep did not try it), the others from the pallas_triton sweep.
+TABLE: tuple[tuple[int, MoEConfig], ...] = (
+    (1, MoEConfig(bm=16, bn_up=32, bn_down=128)),
+    (4, MoEConfig(bm=16, bn_up=64, bn_down=64, dequant="bits")),
+    (16, MoEConfig(bm=16, bn_up=64, bn_down=64)),
+    (256, MoEConfig(bm=16, bn_up=64, bn_down=128)),
+    (1024, MoEConfig(bm=32, bn_up=128, bn_down=128)),
+    (1 << 62, MoEConfig(bm=64, bn_up=128, bn_down=128, num_warps=8)),
+)
+
+
+def config(num_tokens: int) -> MoEConfig:
+    for max_tokens, cfg in TABLE:
+        if num_tokens <= max_tokens:
+            return cfg
+    return TABLE[-1][1]
