@@ -53,7 +53,8 @@ def resolve(op: str, impl: str = "auto") -> str:
 
 def get(op: str, impl: str = "auto") -> Callable:
     """The function implementing `op` under `impl` ("auto" picks by backend)."""
-    return _REGISTRY[op][resolve(op, impl)]
+    name = resolve(op, impl)  # loads the kernel modules first
+    return _REGISTRY[op][name]
 
 
 @functools.cache

@@ -1,0 +1,367 @@
+"""The multi-stream speculative decoding engine: `generate` with methods "ar", "dflash", "ddtree".
+
+Per step, entirely on the device (one jitted function, state buffers donated):
+  draft   the DFlash drafter reads [pending, MASK x (B-1)] against its context cache -> draft logits
+          for depths 1..B-1;
+  tree    "ddtree": the `budget` best prefixes (build_tree); "dflash": the greedy chain;
+  verify  one target forward over [root + nodes] per stream, position = start + depth, ancestor-only
+          visibility, tapping the drafter's layers;
+  accept  the target's own choice at every node (greedy or sampled), the walk from the root
+          (follow_tree), stop tokens and max_new_tokens;
+  compact the accepted nodes' latent-cache entries move to contiguous slots and their taps join the
+          drafter's context; rejected entries are dropped by the lengths.
+The host loop only checks whether every stream is done. Stage times come from the same stage
+functions jitted one by one and timed on a snapshot of the final state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddtree_jax import drafter as dft
+from ddtree_jax import model as tgt
+from ddtree_jax import tree as trees
+from ddtree_jax.config import DrafterConfig, ModelConfig
+from ddtree_jax.sampling import Sampling, choose
+
+METHODS = ("ar", "dflash", "ddtree")
+
+
+@flax.struct.dataclass
+class EngineState:
+    """Everything a step reads and writes, one row per stream (S streams)."""
+
+    tcache: tgt.LatentCache      # committed tokens (all emitted tokens but the pending one)
+    dcache: dft.DrafterCache | None
+    pending: jnp.ndarray         # [S] int32 last emitted token, not yet through the target
+    out_tokens: jnp.ndarray      # [S, max_new + block] int32 emitted tokens
+    out_len: jnp.ndarray         # [S] int32
+    accept: jnp.ndarray          # [S, max_steps] int32 acceptance length per step (0: inactive)
+    done: jnp.ndarray            # [S] bool
+    max_new: jnp.ndarray         # [S] int32
+    step: jnp.ndarray            # [] int32
+    key: jnp.ndarray             # PRNG key
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Static description of one generate call (hashable: a jit static argument)."""
+
+    tcfg: ModelConfig
+    dcfg: DrafterConfig | None
+    method: str
+    budget: int
+    sampling: Sampling
+    stop_tokens: tuple[int, ...]
+    attn_impl: str = "auto"
+    moe_impl: str = "auto"
+    topk_impl: str = "auto"
+
+    @property
+    def nodes(self) -> int:
+        """Verified tokens per stream per step (root included)."""
+        return {"ar": 1, "dflash": self.dcfg.block_size if self.dcfg else 1,
+                "ddtree": self.budget + 1}[self.method]
+
+    @property
+    def max_depth(self) -> int:
+        return 0 if self.method == "ar" else self.dcfg.block_size - 1
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    tokens: list                 # per stream: generated ids
+    acceptance_lengths: list     # per stream: tokens emitted by each step before truncation
+    tau: float                   # mean acceptance length over all (stream, step) pairs
+    tokens_per_second: float     # generated tokens / decode wall time (compile excluded)
+    stage_times: dict            # seconds per step: draft, tree, verify, accept (+ step total)
+    steps: int
+    prefill_seconds: float
+    decode_seconds: float
+    compile_seconds: float
+
+
+# ---- stages ----------------------------------------------------------------------------------
+
+def stage_draft(tparams, dparams, state: EngineState, plan: Plan):
+    """-> draft logits [S, B-1, V] float32 for depths 1..B-1."""
+    emb = dft.block_embedding(tparams, plan.dcfg, state.pending)
+    pos = state.tcache.lengths[:, None] + jnp.arange(plan.dcfg.block_size, dtype=jnp.int32)
+    hidden = dft.draft_block(dparams, plan.dcfg, state.dcache, emb, pos)
+    return dft.draft_logits(tparams, hidden[:, 1:])
+
+
+def stage_tree(draft_logits, plan: Plan) -> trees.Tree:
+    if plan.method == "ddtree":
+        return trees.build_tree(draft_logits, plan.budget, topk_impl=plan.topk_impl)
+    return chain_tree(draft_logits)
+
+
+def chain_tree(draft_logits) -> trees.Tree:
+    """The DFlash chain as a Tree: the drafter's greedy token at each depth 1..D, node i's parent i-1."""
+    s, d, _ = draft_logits.shape
+    logp = jax.nn.log_softmax(draft_logits.astype(jnp.float32), axis=-1)
+    tokens = jnp.argmax(logp, axis=-1).astype(jnp.int32)
+    depths = jnp.broadcast_to(jnp.arange(1, d + 1, dtype=jnp.int32), (s, d))
+    parents = jnp.broadcast_to(jnp.arange(-1, d, dtype=jnp.int32), (s, d + 1))
+    vis = jnp.broadcast_to(jnp.tril(jnp.ones((d + 1, d + 1), bool)), (s, d + 1, d + 1))
+    scores = jnp.cumsum(jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0], axis=1)
+    return trees.Tree(tokens=tokens, depths=depths, parents=parents,
+                      num_nodes=jnp.full((s,), d, jnp.int32), visibility=vis,
+                      node_mask=trees.pack_bits(vis), scores=scores, max_depth=d)
+
+
+def stage_verify(tparams, state: EngineState, tree: trees.Tree | None, plan: Plan):
+    """One target forward over [root + nodes]; -> (logits [S, N, V], cache, taps [S, N, taps*d])."""
+    root = state.pending[:, None]
+    if tree is None:
+        tokens, depth, vis = root, jnp.zeros_like(root), None
+    else:
+        tokens = jnp.concatenate([root, tree.tokens], axis=1)
+        depth = jnp.concatenate([jnp.zeros_like(root), tree.depths], axis=1)
+        vis = tree.visibility
+    taps = plan.dcfg.target_layer_ids if plan.dcfg is not None and plan.method != "ar" else ()
+    out = tgt.forward(tparams, plan.tcfg, tokens, state.tcache.lengths[:, None] + depth, state.tcache,
+                      visibility=vis, taps=taps, attn_impl=plan.attn_impl, moe_impl=plan.moe_impl)
+    return out.logits, out.cache, out.taps, tokens
+
+
+def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens, plan: Plan):
+    """Target choice per node, the walk, emission, stop handling, compaction -> new state."""
+    key, sub = jax.random.split(state.key)
+    posterior = choose(logits, sub, plan.sampling)                                  # [S, N]
+    s = tokens.shape[0]
+    start = state.tcache.lengths
+    if tree is None:                                                                # "ar"
+        path = jnp.zeros((s, 1), jnp.int32)
+        acc_len = jnp.ones((s,), jnp.int32)
+        bonus = posterior[:, 0]
+    else:
+        path, acc_len, bonus = trees.follow_tree(tree, posterior)                  # [S, D+1]
+    depth = path.shape[1]
+    j = jnp.arange(depth, dtype=jnp.int32)[None, :]
+    path_tokens = jnp.take_along_axis(tokens, jnp.maximum(path, 0), axis=1)
+    nxt = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((s, 1), jnp.int32)], axis=1)
+    emit = jnp.where(j < acc_len[:, None] - 1, nxt, bonus[:, None])              # [S, D+1]
+
+    # stop tokens and max_new_tokens truncate this step's emission
+    active = ~state.done
+    n_emit = jnp.minimum(acc_len, state.max_new - state.out_len)
+    hit_stop = jnp.zeros_like(state.done)
+    if plan.stop_tokens:
+        is_stop = jnp.isin(emit, jnp.asarray(plan.stop_tokens, jnp.int32)) & (j < n_emit[:, None])
+        first = jnp.argmax(is_stop, axis=1)
+        hit_stop = is_stop.any(axis=1)
+        n_emit = jnp.where(hit_stop, first + 1, n_emit)
+    n_emit = jnp.where(active, n_emit, 0)
+    slot = jnp.where(j < n_emit[:, None], state.out_len[:, None] + j, state.out_tokens.shape[1])
+    rows = jnp.arange(s)[:, None]
+    out_tokens = state.out_tokens.at[rows, slot].set(emit, mode="drop")
+    out_len = state.out_len + n_emit
+    done = state.done | hit_stop | (out_len >= state.max_new)
+
+    # compaction: accepted path node p moves from slot start + path[p] to start + p
+    keep = jnp.where(active, acc_len, 0)
+    src = start[:, None] + jnp.maximum(path, 0)
+    dst = jnp.where(j < keep[:, None], start[:, None] + j, cache.max_len)
+    kv = tuple(layer.at[rows, dst].set(layer[rows, src], mode="drop") for layer in cache.kv)
+    tcache = tgt.LatentCache(kv=kv, lengths=start + keep)
+    dcache = state.dcache
+    if tree is not None:
+        path_taps = jnp.take_along_axis(taps, jnp.maximum(path, 0)[..., None], axis=1)
+        dcache = dft.append_context(dparams, plan.dcfg, dcache, path_taps, start[:, None] + j, keep)
+    accept = state.accept.at[:, state.step].set(jnp.where(active, acc_len, 0))
+    return EngineState(tcache=tcache, dcache=dcache, pending=jnp.where(active, bonus, state.pending),
+                       out_tokens=out_tokens, out_len=out_len, accept=accept, done=done,
+                       max_new=state.max_new, step=state.step + 1, key=key)
+
+
+def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> EngineState:
+    """draft -> tree -> verify -> accept -> compact, for every stream at once."""
+    tree = None
+    if plan.method != "ar":
+        tree = stage_tree(stage_draft(tparams, dparams, state, plan), plan)
+    logits, cache, taps, tokens = stage_verify(tparams, state, tree, plan)
+    return stage_accept(dparams, state, tree, logits, cache, taps, tokens, plan)
+
+
+_step = jax.jit(speculative_step, static_argnames=("plan",), donate_argnames=("state",))
+
+
+# ---- prefill -----------------------------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnames=("plan", "max_len", "max_out", "max_steps"))
+def _prefill(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, max_len: int, max_out: int,
+             max_steps: int) -> EngineState:
+    """Run the prompts (padded [S, P], true lengths [S]) and choose each stream's first token."""
+    s, p = tokens.shape
+    dtype = jax.tree_util.tree_leaves(tparams["embed_tokens"])[0].dtype
+    cache = tgt.init_cache(plan.tcfg, s, max_len, dtype)
+    use_drafter = plan.method != "ar"
+    taps = plan.dcfg.target_layer_ids if use_drafter else ()
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (s, p))
+    out = tgt.forward(tparams, plan.tcfg, tokens, positions, cache, num_new=lengths, taps=taps,
+                      attn_impl=plan.attn_impl, moe_impl=plan.moe_impl)
+    key, sub = jax.random.split(key)
+    last = jnp.take_along_axis(out.logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    first = choose(last, sub, plan.sampling)
+    dcache = None
+    if use_drafter:
+        dcache = dft.init_drafter_cache(plan.dcfg, s, max_len, dtype)
+        dcache = dft.append_context(dparams, plan.dcfg, dcache, out.taps, positions, lengths)
+    out_tokens = jnp.zeros((s, max_out), jnp.int32).at[:, 0].set(first)
+    done = (max_new <= 1)
+    if plan.stop_tokens:
+        done = done | jnp.isin(first, jnp.asarray(plan.stop_tokens, jnp.int32))
+    return EngineState(tcache=out.cache, dcache=dcache, pending=first, out_tokens=out_tokens,
+                       out_len=jnp.ones((s,), jnp.int32), accept=jnp.zeros((s, max_steps), jnp.int32),
+                       done=done, max_new=max_new, step=jnp.zeros((), jnp.int32), key=key)
+
+
+# ---- the public entry point --------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A validated generate call: the static plan and the host-side padded inputs."""
+
+    plan: Plan
+    prompts: np.ndarray      # [S, P] int32, zero-padded
+    lengths: np.ndarray      # [S] int32
+    max_new: np.ndarray      # [S] int32
+    max_len: int             # target cache slots per stream
+    max_out: int             # output buffer width
+    max_steps: int
+
+
+def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
+          temperature=0.0, top_k=0, top_p=1.0, stop_tokens=(), max_len=None, attn_impl="auto",
+          moe_impl="auto", topk_impl="auto") -> Setup:
+    """Validate a generate call (see `generate`) and lay out its inputs."""
+    tcfg = target[0]
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    dcfg = drafter[0] if (drafter is not None and method != "ar") else None
+    if method != "ar":
+        if dcfg is None:
+            raise ValueError(f"method {method!r} needs a drafter (config, params)")
+        dcfg.check_target(tcfg)
+    if method == "ddtree" and (not isinstance(budget, (int, np.integer)) or budget < 1):
+        raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+    plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0,
+                Sampling(temperature, top_k, top_p), tuple(int(t) for t in stop_tokens),
+                attn_impl, moe_impl, topk_impl)
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    if len(prompts) == 0 or np.any(lengths == 0):
+        raise ValueError("prompts must be a non-empty list of non-empty token lists")
+    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), lengths.shape).copy()
+    if np.any(max_new < 1):
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new.tolist()}")
+    padded = np.zeros((len(prompts), lengths.max()), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, :len(p)] = p
+    if padded.min() < 0 or padded.max() >= tcfg.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {tcfg.vocab_size})")
+    needed = int((lengths + max_new).max()) + plan.nodes
+    if max_len is None:
+        max_len = needed
+    elif needed > max_len:
+        raise ValueError(f"prompts longer than the cache: longest prompt + max_new_tokens + "
+                         f"{plan.nodes} verify slots = {needed} > max_len = {max_len}")
+    if int((lengths + max_new).max()) > tcfg.max_position_embeddings:
+        raise ValueError(f"prompt + max_new_tokens exceeds max_position_embeddings "
+                         f"{tcfg.max_position_embeddings}")
+    return Setup(plan, padded, lengths, max_new, max_len,
+                 max_out=int(max_new.max()) + plan.max_depth + 1, max_steps=int(max_new.max()))
+
+
+def prefill(target, drafter, su: Setup, seed: int = 0) -> EngineState:
+    """The prompts through the target (and the drafter's context); each stream's first token."""
+    dparams = drafter[1] if su.plan.dcfg is not None else None
+    return _prefill(target[1], dparams, jnp.asarray(su.prompts), jnp.asarray(su.lengths),
+                    jnp.asarray(su.max_new), jax.random.key(seed), su.plan, su.max_len, su.max_out,
+                    su.max_steps)
+
+
+def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str = "ddtree",
+             budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
+             max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
+             topk_impl: str = "auto", stage_reps: int = 3) -> GenerateResult:
+    """Speculative (or plain autoregressive) generation for S streams with their own prompts.
+
+    target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one token list per
+    stream; max_new_tokens: one int or one per stream; stop_tokens end a stream (the stop token is
+    emitted); temperature 0 is greedy, otherwise tokens are sampled from the target's distribution
+    (optionally top-k / top-p truncated). max_len: target cache slots per stream (default: just
+    enough). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
+    """
+    su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
+               temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens,
+               max_len=max_len, attn_impl=attn_impl, moe_impl=moe_impl, topk_impl=topk_impl)
+    plan, tparams = su.plan, target[1]
+    dparams = drafter[1] if plan.dcfg is not None else None
+    t0 = time.perf_counter()
+    state = prefill(target, drafter, su, seed)
+    state.out_len.block_until_ready()
+    prefill_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    step = _step.lower(tparams, dparams, state, plan).compile()
+    compile_s = time.perf_counter() - t0
+    stage_state = jax.tree_util.tree_map(jnp.copy, state)
+    t0 = time.perf_counter()
+    steps = 0
+    while steps < su.max_steps and not bool(np.all(np.asarray(state.done))):
+        state = step(tparams, dparams, state)
+        steps += 1
+    state.out_len.block_until_ready()
+    decode_s = time.perf_counter() - t0
+
+    out_len = np.asarray(state.out_len)
+    out_tokens = np.asarray(state.out_tokens)
+    accept = np.asarray(state.accept)[:, :steps]
+    tokens = [out_tokens[i, :out_len[i]].tolist() for i in range(len(prompts))]
+    acc = [row[row > 0].tolist() for row in accept]
+    flat = accept[accept > 0]
+    generated = int(out_len.sum() - len(prompts))  # the first token comes from the prefill
+    return GenerateResult(
+        tokens=tokens, acceptance_lengths=acc, tau=float(flat.mean()) if flat.size else 0.0,
+        tokens_per_second=generated / decode_s if decode_s > 0 else 0.0,
+        stage_times=stage_times(tparams, dparams, stage_state, plan, stage_reps) if stage_reps else {},
+        steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s)
+
+
+def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3) -> dict:
+    """Median seconds of each stage, jitted on its own, on `state` (which is not modified)."""
+    draft = jax.jit(stage_draft, static_argnames=("plan",))
+    build = jax.jit(stage_tree, static_argnames=("plan",))
+    verify = jax.jit(stage_verify, static_argnames=("plan",))
+    accept = jax.jit(stage_accept, static_argnames=("plan",))
+    fused = jax.jit(speculative_step, static_argnames=("plan",))
+
+    def timed(fn, *args):
+        jax.block_until_ready(fn(*args, plan=plan))            # compile + warm up
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(fn(*args, plan=plan))
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts)), out
+
+    times = {}
+    tree = None
+    if plan.method != "ar":
+        times["draft"], logits = timed(draft, tparams, dparams, state)
+        times["tree"], tree = timed(build, logits)
+    times["verify"], (vlogits, cache, taps, tokens) = timed(verify, tparams, state, tree)
+    times["accept"], _ = timed(accept, dparams, state, tree, vlogits, cache, taps, tokens)
+    times["step"], _ = timed(fused, tparams, dparams, state)
+    return times

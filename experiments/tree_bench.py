@@ -1,0 +1,153 @@
+"""Benchmark build_tree (on-device DDTree) against the reference way (GPU top-k + a heap per stream).
+
+    PYTHONPATH=. python experiments/tree_bench.py --out=/tmp/tree_bench.md
+    PYTHONPATH=. python experiments/tree_bench.py --vocab=4096 --budgets=16,64 --streams=1,2  # CPU
+
+First checks, on the benchmark's own inputs: the Pallas top-k equals jax.lax.top_k, and build_tree
+through each top-k equals build_tree through the other. Then times, per (streams S, budget B):
+  - topk:      the vocabulary top-K (K = min(B, V)) + logsumexp of the S*L rows, per implementation;
+  - build:     the whole build_tree (tokens, parents, visibility, bit masks), per implementation;
+  - reference: jax.lax.top_k + log-softmax values on the device, copied to the host, then the
+               literal heap search per stream (ddtree_jax.reference.tree_ref.search_ref).
+Device time of an on-device stage = (t(n) - t(1)) / (n - 1), where t(n) is the median wall time of
+one jitted call running the stage on n distinct inputs back to back: this removes the host
+dispatch cost (~56 us on an H200) that a single call carries. The reference is host wall time.
+Draft logits are random normal * --logit_scale (not real drafter logits).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from ddtree_jax import tree as T
+from ddtree_jax.reference import tree_ref
+from pallas_kernels import registry, topk  # noqa: F401  (topk registers its implementations)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("budgets", ["64", "256", "1024"], "tree budgets")
+flags.DEFINE_list("streams", ["1", "16"], "stream counts S")
+flags.DEFINE_integer("depth", 15, "draft depth L")
+flags.DEFINE_integer("vocab", 163840, "vocabulary V")
+flags.DEFINE_float("logit_scale", 3.0, "draft logits ~ N(0, scale^2)")
+flags.DEFINE_list("impls", ["xla", "pallas_triton"], "top-k implementations to time")
+flags.DEFINE_integer("n", 4, "inputs per timed call (device time from t(n) - t(1))")
+flags.DEFINE_integer("reps", 15, "timed repetitions (median)")
+flags.DEFINE_integer("ref_reps", 3, "repetitions of the host reference (median)")
+flags.DEFINE_string("out", "", "write the markdown table here too")
+
+
+def _median_wall(fn, *args, reps: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile + warm up
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _device_time(stage, xs, reps: int) -> float:
+    """Seconds per stage call on the device: (t(n) - t(1)) / (n - 1) over distinct inputs xs."""
+    many = jax.jit(lambda xs: [stage(x) for x in xs])
+    one = jax.jit(lambda xs: [stage(xs[0])])
+    t_n = _median_wall(many, xs, reps=reps)
+    t_1 = _median_wall(one, xs, reps=reps)
+    return max(t_n - t_1, 0.0) / (len(xs) - 1)
+
+
+def _reference(x, budget: int):
+    """The DDTree reference's way: device top-k, host heap per stream. Returns parents, tokens."""
+    S, L, V = x.shape
+    K = min(budget, V)
+    vals, idx = jax.device_get(_ref_topk(x, K))
+    out = tree_ref.search_ref(vals, budget)  # heap over each depth's sorted top-K log-probs
+    rows = np.arange(S)[:, None]
+    depth = np.maximum(out["depths"] - 1, 0)
+    # search_ref's tokens index the top-K list; map them back to vocabulary ids.
+    return out["parents"], idx[rows, depth, out["tokens"]]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _ref_topk(x, K):
+    """Device part of the reference: per-depth top-K log-probs [S, L, K] and token ids."""
+    S, L, V = x.shape
+    v, i = jax.lax.top_k(x.reshape(S * L, V), K)
+    lse = jax.nn.logsumexp(x.reshape(S * L, V), axis=-1)
+    return (v - lse[:, None]).reshape(S, L, K), i.reshape(S, L, K)
+
+
+def main(_):
+    L, V = FLAGS.depth, FLAGS.vocab
+    dev = jax.devices()[0]
+    header = (f"device: {dev.device_kind} ({jax.default_backend()}); jax {jax.__version__}; "
+              f"python {platform.python_version()}; L={L}, V={V}, logits N(0,{FLAGS.logit_scale}^2), "
+              f"n={FLAGS.n}, reps={FLAGS.reps}")
+    print(header, flush=True)
+    rows = []
+    key = jax.random.key(0)
+    for S in map(int, FLAGS.streams):
+        xs = [FLAGS.logit_scale * jax.random.normal(k, (S, L, V), jnp.float32)
+              for k in jax.random.split(jax.random.fold_in(key, S), FLAGS.n)]
+        for B in map(int, FLAGS.budgets):
+            K = min(B, V)
+            flat = xs[0].reshape(S * L, V)
+            # Correctness on the benchmark inputs.
+            want_v, want_i = jax.lax.top_k(flat, K)
+            trees = {}
+            for impl in FLAGS.impls:
+                v, i, _ = registry.get("topk_logsumexp", impl)(flat, K)
+                same = bool(jnp.array_equal(i, want_i)) and bool(jnp.array_equal(v, want_v))
+                trees[impl] = T.build_tree(xs[0], B, topk_impl=impl)
+                print(f"S={S} B={B} {impl}: top-k == lax.top_k: {same}", flush=True)
+                if not same:
+                    raise SystemExit(f"top-k mismatch for {impl}")
+            t0 = trees[FLAGS.impls[0]]
+            for impl, t in trees.items():
+                for f in ("tokens", "parents", "visibility", "node_mask"):
+                    if not bool(jnp.array_equal(getattr(t, f), getattr(t0, f))):
+                        raise SystemExit(f"build_tree({impl}).{f} differs")
+            ref_par, ref_tok = _reference(xs[0], B)
+            agree = float(np.mean(np.asarray(t0.tokens) == ref_tok))
+            print(f"S={S} B={B}: build_tree tokens == host reference: {agree:.4f} "
+                  f"(parents equal: {np.array_equal(np.asarray(t0.parents), ref_par)})", flush=True)
+            # Timing.
+            for impl in FLAGS.impls:
+                topk_fn = registry.get("topk_logsumexp", impl)
+                t_topk = _device_time(lambda x: topk_fn(x.reshape(S * L, V), K), xs, FLAGS.reps)
+                t_build = _device_time(
+                    lambda x: T._build(x, B, impl, False).node_mask, xs, FLAGS.reps)
+                t_call = _median_wall(lambda x: T._build(x, B, impl, False), xs[0], reps=FLAGS.reps)
+                rows.append((S, B, impl, t_topk, t_build, t_call))
+                print(f"S={S} B={B} {impl}: topk {t_topk*1e6:.1f} us, build_tree {t_build*1e6:.1f}"
+                      f" us device, {t_call*1e6:.1f} us per single call", flush=True)
+            times = []
+            for _ in range(FLAGS.ref_reps + 1):
+                t1 = time.perf_counter()
+                _reference(xs[0], B)
+                times.append(time.perf_counter() - t1)
+            t_ref = statistics.median(times[1:])
+            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, t_ref))
+            print(f"S={S} B={B} reference: {t_ref*1e6:.1f} us per call", flush=True)
+    fmt = lambda t: "" if t is None else f"{t * 1e6:.1f}"  # noqa: E731
+    table = ["| S | budget | top-k impl | top-k + lse, device us | build_tree, device us "
+             "| one call, wall us |", "|---|---|---|---|---|---|"]
+    table += [f"| {S} | {B} | {impl} | {fmt(a)} | {fmt(b)} | {fmt(c)} |"
+              for S, B, impl, a, b, c in rows]
+    text = header + "\n\n" + "\n".join(table) + "\n"
+    print(text)
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,169 @@
+"""The speculative decoding engine: lossless at temperature 0 (token for token) and at temperature 1
+(distribution), cache compaction, bad input."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import ddtree_jax as dj
+from ddtree_jax import engine
+from ddtree_jax.config import ConfigError
+from tests.kernel_testing import assert_close
+
+
+def _pair(vocab, block, seed=0):
+    cfg = dj.ModelConfig.preset("tiny").replace(vocab_size=vocab)
+    dcfg = dj.DrafterConfig.for_target(cfg, block_size=block, num_hidden_layers=1)
+    tp = dj.init_target(cfg, jax.random.key(seed))
+    dp = dj.init_drafter(dcfg, jax.random.key(seed + 1))
+    return (cfg, tp), (dcfg, dp)
+
+
+@pytest.fixture(scope="module")
+def pair32():
+    """Vocabulary 32: a tree of 16+ nodes covers much of it, so drafts are often accepted."""
+    return _pair(32, block=5)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 32, int(n)).tolist() for n in rng.integers(1, 20, size=24)]
+
+
+@pytest.fixture(scope="module")
+def greedy_ar(pair32, prompts):
+    """Plain greedy decoding of 24 streams with per-stream budgets and one stop token."""
+    target, drafter = pair32
+    max_new = [8 + (i % 5) for i in range(len(prompts))]
+    free = engine.generate(target, None, prompts, method="ar", max_new_tokens=max_new, stage_reps=0)
+    stop = free.tokens[0][3]          # a token the greedy output actually produces
+    stopped = engine.generate(target, None, prompts, method="ar", max_new_tokens=max_new,
+                              stop_tokens=(stop,), stage_reps=0)
+    return max_new, stop, stopped
+
+
+@pytest.mark.parametrize("method, budget", [("dflash", 0), ("ddtree", 1), ("ddtree", 6), ("ddtree", 24)])
+def test_greedy_speculative_equals_ar(pair32, prompts, greedy_ar, method, budget):
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    out = engine.generate(target, drafter, prompts, method=method, budget=budget or 1,
+                          max_new_tokens=max_new, stop_tokens=(stop,), stage_reps=0)
+    assert any(len(t) < m for t, m in zip(ar.tokens, max_new)), "some stream must stop early"
+    for s, (got, want) in enumerate(zip(out.tokens, ar.tokens)):
+        assert got == want, f"stream {s}: {got} != {want}"
+    assert all(sum(a) >= len(t) - 1 for a, t in zip(out.acceptance_lengths, out.tokens))
+    if method == "ddtree" and budget >= 6:
+        assert out.tau > 1.0, "the tree should accept some drafts on a 32-token vocabulary"
+
+
+def test_stage_times_and_result_fields(pair32, prompts):
+    target, drafter = pair32
+    out = engine.generate(target, drafter, prompts[:3], method="ddtree", budget=6, max_new_tokens=6,
+                          stage_reps=1)
+    assert set(out.stage_times) == {"draft", "tree", "verify", "accept", "step"}
+    assert all(t > 0 for t in out.stage_times.values())
+    assert out.tokens_per_second > 0 and out.steps >= 1 and out.tau >= 1
+    assert [len(a) for a in out.acceptance_lengths] == [len(a) for a in out.acceptance_lengths]
+
+
+def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
+    """After several ddtree steps, each stream's committed latent cache and drafter context equal
+    those of running its committed tokens through the target (and drafter) from scratch."""
+    target, drafter = pair32
+    (cfg, tp), (dcfg, dp) = target, drafter
+    su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=8, max_new_tokens=12)
+    state = engine.prefill(target, drafter, su)
+    for _ in range(3):
+        state = engine._step(tp, dp, state, su.plan)
+    lengths = np.asarray(state.tcache.lengths)
+    out_len = np.asarray(state.out_len)
+    for s in range(4):
+        committed = su.prompts[s, :su.lengths[s]].tolist() + np.asarray(state.out_tokens[s, :out_len[s] - 1]).tolist()
+        assert len(committed) == lengths[s] == int(state.dcache.lengths[s])
+        n = len(committed)
+        fresh = dj.forward(tp, cfg, np.array([committed], np.int32), np.arange(n)[None],
+                           dj.init_cache(cfg, 1, n), taps=dcfg.target_layer_ids)
+        for layer in range(cfg.num_hidden_layers):
+            assert_close(state.tcache.kv[layer][s, :n], fresh.cache.kv[layer][0], 1e-5, f"stream {s} layer {layer}")
+        ctx = dj.append_context(dp, dcfg, dj.init_drafter_cache(dcfg, 1, n, jnp.float32), fresh.taps,
+                                np.arange(n)[None], np.array([n], np.int32))
+        assert_close(state.dcache.k[:, s, :n], ctx.k[:, 0], 1e-5, f"stream {s} drafter k")
+        assert_close(state.dcache.v[:, s, :n], ctx.v[:, 0], 1e-5, f"stream {s} drafter v")
+
+
+def _exact_joint(target, prompt, vocab, n_tok, sampling):
+    """Exact probability of each sequence of the first n_tok emitted tokens: [vocab] * n_tok."""
+    cfg, tp = target
+    from ddtree_jax.sampling import target_log_probs
+    joint = np.ones((1,))
+    for depth in range(n_tok):
+        prefixes = list(itertools.product(range(vocab), repeat=depth))
+        toks = np.array([prompt + list(p) for p in prefixes], np.int32)
+        logp = np.asarray(target_log_probs(dj.target_logits(tp, cfg, toks)[:, -1], sampling), np.float64)
+        joint = (joint[:, None] * np.exp(logp)).reshape(-1)
+    return joint
+
+
+@pytest.mark.parametrize("method, budget, top_k, top_p", [
+    ("ddtree", 5, 0, 1.0), ("dflash", 1, 0, 1.0), ("ddtree", 4, 5, 0.85)])
+def test_temperature_one_is_lossless(method, budget, top_k, top_p):
+    """The first three emitted tokens of 6000 streams follow the target's exact distribution."""
+    vocab, n_tok, streams = 6, 3, 6000
+    target, drafter = _pair(vocab, block=4, seed=3)
+    prompt = [1, 4, 2, 0, 5]
+    from ddtree_jax.sampling import Sampling
+    exact = _exact_joint(target, prompt, vocab, n_tok, Sampling(1.0, top_k, top_p))
+    out = engine.generate(target, drafter, [prompt] * streams, method=method, budget=budget,
+                          max_new_tokens=n_tok, temperature=1.0, top_k=top_k, top_p=top_p, seed=7,
+                          stage_reps=0)
+    seqs = np.array([t[:n_tok] for t in out.tokens])
+    idx = np.ravel_multi_index(seqs.T, (vocab,) * n_tok)
+    counts = np.bincount(idx, minlength=vocab ** n_tok)
+    assert counts[exact == 0].sum() == 0, "sampled a sequence the target forbids (top-k/top-p)"
+    keep = exact > 0
+    expected = exact[keep] * streams
+    # merge sparse cells so every expected count is >= 5 (chi-square validity)
+    order = np.argsort(expected)
+    obs, exp_ = counts[keep][order], expected[order]
+    cut = np.searchsorted(np.cumsum(exp_), 5.0) + 1
+    obs = np.concatenate([[obs[:cut].sum()], obs[cut:]])
+    exp_ = np.concatenate([[exp_[:cut].sum()], exp_[cut:]])
+    p = stats.chisquare(obs, exp_ * obs.sum() / exp_.sum()).pvalue
+    assert p > 1e-3, f"chi-square p = {p:.2e}: emitted tokens do not follow the target"
+    if method == "ddtree":
+        assert out.tau > 1.0
+
+
+def test_bad_input(pair32):
+    target, drafter = pair32
+    cfg, dcfg = target[0], drafter[0]
+    with pytest.raises(ValueError, match="budget"):
+        engine.generate(target, drafter, [[1, 2]], method="ddtree", budget=0)
+    with pytest.raises(ValueError, match="method"):
+        engine.generate(target, drafter, [[1, 2]], method="beam")
+    with pytest.raises(ValueError, match="needs a drafter"):
+        engine.generate(target, None, [[1, 2]], method="dflash")
+    with pytest.raises(ValueError, match="longer than the cache"):
+        engine.generate(target, drafter, [[1] * 30], method="ddtree", budget=4, max_new_tokens=8,
+                        max_len=32)
+    with pytest.raises(ValueError, match="prompt token ids"):
+        engine.generate(target, drafter, [[1, 99]], method="ar")
+    with pytest.raises(ValueError, match="non-empty"):
+        engine.generate(target, drafter, [[]], method="ar")
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(target, drafter, [[1]], method="ar", temperature=-1.0)
+    with pytest.raises(ConfigError, match="vocab_size"):
+        engine.generate(target, (dcfg.replace(vocab_size=64), drafter[1]), [[1]], method="dflash")
+    with pytest.raises(ConfigError, match="hidden_size"):
+        engine.generate(target, (dcfg.replace(hidden_size=32), drafter[1]), [[1]], method="dflash")
+    with pytest.raises(ConfigError, match="block_size"):
+        dcfg.replace(block_size=1)
+    with pytest.raises(ConfigError, match="target_layer_ids"):
+        dcfg.replace(target_layer_ids=(cfg.num_hidden_layers,))
+    with pytest.raises(ValueError, match="non-finite"):
+        dj.build_tree(jnp.array([[[0.0, jnp.nan]]]), 2)

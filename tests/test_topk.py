@@ -1,0 +1,66 @@
+"""The "topk" operation: every implementation against the numpy golden (ties -> lower index)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pallas_kernels import topk as topk_op
+from pallas_kernels.topk.reference import logsumexp_ref, topk_ref
+from tests.kernel_testing import runnable_impls
+
+
+def _draw(rng, kind, R, V):
+    if kind == "normal":
+        return rng.normal(size=(R, V)).astype(np.float32) * 4
+    if kind == "ints":  # many ties
+        return rng.integers(-3, 3, size=(R, V)).astype(np.float32)
+    if kind == "const":
+        return np.full((R, V), -1.5, np.float32)
+    if kind == "zeros":  # -0.0 and 0.0 are equal
+        return rng.choice(np.array([0.0, -0.0, 1.0, -np.inf], np.float32), size=(R, V))
+    raise ValueError(kind)
+
+
+# Few distinct shapes: each one compiles the interpret-mode kernels once (CPU time budget).
+CASES = [(3, 37, 5, "normal"), (3, 37, 5, "zeros"), (2, 300, 20, "ints"), (2, 300, 20, "const"),
+         (2, 64, 64, "ints"), (1, 1, 1, "normal")]
+
+
+@pytest.mark.parametrize("impl", runnable_impls("topk"))
+@pytest.mark.parametrize("R,V,k,kind", CASES)
+def test_topk_matches_golden(impl, R, V, k, kind):
+    x = _draw(np.random.default_rng(R * V + k), kind, R, V)
+    values, indices, lse = topk_op.topk_logsumexp(jnp.asarray(x), k, impl=impl)
+    want_v, want_i = topk_ref(x, k)
+    np.testing.assert_array_equal(np.asarray(indices), want_i)
+    np.testing.assert_array_equal(np.asarray(values), want_v)
+    np.testing.assert_allclose(np.asarray(lse), logsumexp_ref(x), rtol=1e-6, atol=1e-6)
+    v2, i2 = topk_op.topk(jnp.asarray(x), k, impl=impl)
+    np.testing.assert_array_equal(np.asarray(i2), want_i)
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape=st.sampled_from([c[:3] for c in CASES]), kind=st.sampled_from(["normal", "ints"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_pallas_topk_property(shape, kind, seed):
+    R, V, k = shape
+    x = _draw(np.random.default_rng(seed), kind, R, V)
+    values, indices = topk_op.topk(jnp.asarray(x), k, impl="pallas_triton")
+    want_v, want_i = topk_ref(x, k)
+    np.testing.assert_array_equal(np.asarray(indices), want_i)
+    np.testing.assert_array_equal(np.asarray(values), want_v)
+
+
+@pytest.mark.parametrize("k", [0, 9, 2.0, None])
+def test_bad_k(k):
+    with pytest.raises(ValueError, match="k must be"):
+        topk_op.topk(jnp.zeros((2, 8)), k)
+
+
+@pytest.mark.parametrize("x", [jnp.zeros((8,)), jnp.zeros((2, 2, 8)), jnp.zeros((2, 8), jnp.int32)])
+def test_bad_x(x):
+    with pytest.raises(ValueError, match="x must be"):
+        topk_op.topk(x, 2)

@@ -1,0 +1,181 @@
+"""build_tree / follow_tree against the heap golden, invariants (hypothesis), and bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ddtree_jax import tree as T
+from ddtree_jax.reference import tree_ref as R
+
+FIELDS = ("tokens", "depths", "parents", "num_nodes", "visibility", "node_mask")
+# (S, L, V, budget): budget > V, budget = 1, L = 1, fewer prefixes than budget, budget >> V^1.
+# Hypothesis tests draw from the same shapes so jit compilations are shared (CPU time budget).
+SHAPES = [(2, 4, 16, 20), (1, 1, 3, 10), (2, 2, 2, 10), (3, 3, 7, 40), (2, 3, 5, 1),
+          (2, 6, 4, 30), (1, 1, 40, 8)]
+
+
+def _assert_tree_equal(tree, gold):
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(tree, f)), gold[f], err_msg=f)
+    np.testing.assert_allclose(np.asarray(tree.scores), gold["scores"], rtol=0, atol=2e-4)
+
+
+def _no_near_ties(gold_plus, budget, tol=2e-4) -> bool:
+    """True when float32 rounding cannot reorder the first budget+1 golden nodes."""
+    n = int(gold_plus["num_nodes"][0]) if gold_plus["num_nodes"].size else 0
+    sc = gold_plus["scores"][:, :min(budget + 1, n)]
+    return bool(np.all(-np.diff(sc, axis=1) > tol))
+
+
+@pytest.mark.parametrize("S,L,V,budget", SHAPES)
+def test_build_tree_matches_heap_golden(S, L, V, budget):
+    rng = np.random.default_rng(hash((S, L, V, budget)) % 2**32)
+    exact = 0
+    for _ in range(3):
+        x = (3 * rng.normal(size=(S, L, V))).astype(np.float32)
+        tree = T.build_tree(jnp.asarray(x), budget)
+        gold_plus = R.build_tree_ref(x, budget + 1)
+        if _no_near_ties(gold_plus, budget):
+            _assert_tree_equal(tree, R.build_tree_ref(x, budget))
+            exact += 1
+        else:  # a near-tie may flip under float32: same scores, still a valid tree
+            gold = R.build_tree_ref(x, budget)
+            np.testing.assert_allclose(np.asarray(tree.scores), gold["scores"], atol=2e-4)
+            _check_invariants(tree, x)
+    assert exact >= 2
+
+
+@pytest.mark.parametrize("S,L,V,budget", SHAPES[:5])
+def test_ties_match_golden_exactly(S, L, V, budget):
+    """Small-integer log-probs: exact sums, many ties, probability-1 tokens (logp 0)."""
+    rng = np.random.default_rng(7 + budget)
+    logp = rng.integers(-2, 1, size=(S, L, V)).astype(np.float32)
+    _assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), budget),
+                       R.search_ref(logp, budget))
+
+
+def test_pallas_topk_path_matches():
+    rng = np.random.default_rng(3)
+    logp = rng.integers(-3, 1, size=(2, 3, 12)).astype(np.float32)
+    _assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), 5, topk_impl="pallas_triton"),
+                       R.search_ref(logp, 5))
+
+
+def test_jit_matches_eager():
+    x = jax.random.normal(jax.random.key(0), (2, 4, 16)) * 3
+    eager = T.build_tree(x, 20)
+    jitted = jax.jit(T.build_tree, static_argnums=1)(x, 20)
+    for f in FIELDS + ("scores",):
+        np.testing.assert_array_equal(np.asarray(getattr(jitted, f)), np.asarray(getattr(eager, f)))
+
+
+def _check_invariants(tree, x):
+    S, L, V = x.shape
+    B = tree.tokens.shape[1]
+    tok, dep, par = (np.asarray(a) for a in (tree.tokens, tree.depths, tree.parents))
+    vis, sc = np.asarray(tree.visibility), np.asarray(tree.scores)
+    n_real = T.num_real_nodes(L, V, B)
+    assert np.all(np.asarray(tree.num_nodes) == n_real)
+    logp = R.log_softmax_ref(x)
+    for s in range(S):
+        assert par[s, 0] == -1
+        seen = set()
+        for i in range(1, B + 1):
+            if i > n_real:  # padding: invisible, never a parent
+                assert (tok[s, i - 1], dep[s, i - 1], par[s, i]) == (0, 0, -1)
+                assert not np.isfinite(sc[s, i - 1])
+                continue
+            p = par[s, i]
+            assert 0 <= p < i  # parents precede children (prefix-closed)
+            assert dep[s, i - 1] == (dep[s, p - 1] if p else 0) + 1
+            assert 1 <= dep[s, i - 1] <= L
+            # path score = parent's score + this depth's log-prob
+            want = (sc[s, p - 1] if p else 0.0) + logp[s, dep[s, i - 1] - 1, tok[s, i - 1]]
+            assert abs(sc[s, i - 1] - want) < 1e-3 * max(1.0, abs(want))
+            path = (p, tok[s, i - 1])
+            assert path not in seen  # distinct prefixes
+            seen.add(path)
+        real = sc[s, :n_real]
+        assert np.all(np.diff(real) <= 0)  # non-increasing score
+    np.testing.assert_array_equal(vis, R.visibility_ref(par))
+    np.testing.assert_array_equal(np.asarray(tree.node_mask), R.pack_bits_ref(vis))
+    assert np.all(par[:, 1:] <= np.asarray(tree.num_nodes)[:, None])  # never a padding parent
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.sampled_from(SHAPES), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
+def test_invariants(shape, seed, ties):
+    S, L, V, budget = shape
+    rng = np.random.default_rng(seed)
+    x = (rng.integers(-2, 1, size=(S, L, V)) if ties else 3 * rng.normal(size=(S, L, V)))
+    x = x.astype(np.float32)
+    _check_invariants(T.build_tree(jnp.asarray(x), budget), x)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=st.sampled_from(SHAPES), seed=st.integers(0, 2**31 - 1),
+       p_follow=st.floats(0.0, 1.0))
+def test_follow_tree_matches_golden(shape, seed, p_follow):
+    S, L, V, budget = shape
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(S, L, V)).astype(np.float32)
+    tree = T.build_tree(jnp.asarray(x), budget)
+    tok, par = np.asarray(tree.tokens), np.asarray(tree.parents)
+    # The target's token at each node: often one of its children's tokens, else a random id.
+    post = rng.integers(0, min(V, 3), size=(S, budget + 1)).astype(np.int32)
+    for s in range(S):
+        for i in range(budget + 1):
+            kids = [c for c in range(1, budget + 1) if par[s, c] == i]
+            if kids and rng.random() < p_follow:
+                post[s, i] = tok[s, rng.choice(kids) - 1]
+    acc, n, bonus = T.follow_tree(tree, jnp.asarray(post))
+    g_acc, g_n, g_bonus = R.follow_tree_ref(tok, par, post, L)
+    np.testing.assert_array_equal(np.asarray(acc), g_acc)
+    np.testing.assert_array_equal(np.asarray(n), g_n)
+    np.testing.assert_array_equal(np.asarray(bonus), g_bonus)
+
+
+def test_follow_tree_full_path():
+    """A target that agrees with the draft's best chain accepts all L tokens plus the bonus."""
+    tree = T.build_tree(jnp.zeros((2, 6, 4)).at[:, :, 2].set(5.0), 30)
+    post = jnp.full((2, 31), 2, jnp.int32)
+    acc, n, bonus = T.follow_tree(tree, post)
+    np.testing.assert_array_equal(np.asarray(acc), [[0, 1, 2, 3, 4, 5, 6]] * 2)
+    assert np.all(np.asarray(n) == 7) and np.all(np.asarray(bonus) == 2)
+
+
+@pytest.mark.parametrize("budget", [0, -3, 2.5, True, None])
+def test_bad_budget(budget):
+    with pytest.raises(ValueError, match="budget"):
+        T.build_tree(jnp.zeros((1, 2, 4)), budget)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_logits(bad):
+    x = np.zeros((2, 3, 5), np.float32)
+    x[1, 2, 3] = bad
+    with pytest.raises(ValueError, match="draft_logits.*non-finite"):
+        T.build_tree(jnp.asarray(x), 4)
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (1, 2, 3, 4), (0, 2, 3), ()])
+def test_bad_rank(shape):
+    with pytest.raises(ValueError, match="draft_logits"):
+        T.build_tree(jnp.zeros(shape), 4)
+
+
+def test_integer_logits_rejected():
+    with pytest.raises(ValueError, match="floating"):
+        T.build_tree(jnp.zeros((1, 2, 3), jnp.int32), 4)
+
+
+def test_bad_posterior():
+    tree = T.build_tree(jnp.zeros((2, 2, 3)), 5)
+    with pytest.raises(ValueError, match="posterior"):
+        T.follow_tree(tree, jnp.zeros((2, 5), jnp.int32))
+    with pytest.raises(ValueError, match="posterior"):
+        T.follow_tree(tree, jnp.zeros((2, 6), jnp.float32))
