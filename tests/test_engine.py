@@ -51,24 +51,21 @@ def greedy_ar(pair32, prompts):
 def test_greedy_speculative_equals_ar(pair32, prompts, greedy_ar, method, budget):
     target, drafter = pair32
     max_new, stop, ar = greedy_ar
+    reps = 1 if budget == 6 else 0     # one case also measures the per-stage times
     out = engine.generate(target, drafter, prompts, method=method, budget=budget or 1,
-                          max_new_tokens=max_new, stop_tokens=(stop,), stage_reps=0)
+                          max_new_tokens=max_new, stop_tokens=(stop,), stage_reps=reps)
     assert any(len(t) < m for t, m in zip(ar.tokens, max_new)), "some stream must stop early"
     for s, (got, want) in enumerate(zip(out.tokens, ar.tokens)):
         assert got == want, f"stream {s}: {got} != {want}"
-    assert all(sum(a) >= len(t) - 1 for a, t in zip(out.acceptance_lengths, out.tokens))
+    for acc, toks, m in zip(out.acceptance_lengths, out.tokens, max_new):
+        assert all(1 <= a <= drafter[0].block_size for a in acc)
+        assert sum(acc) >= len(toks) - 1          # the last step may be cut by a stop or max_new
+    assert out.tokens_per_second > 0 and out.steps >= 1 and out.tau >= 1
     if method == "ddtree" and budget >= 6:
         assert out.tau > 1.0, "the tree should accept some drafts on a 32-token vocabulary"
-
-
-def test_stage_times_and_result_fields(pair32, prompts):
-    target, drafter = pair32
-    out = engine.generate(target, drafter, prompts[:3], method="ddtree", budget=6, max_new_tokens=6,
-                          stage_reps=1)
-    assert set(out.stage_times) == {"draft", "tree", "verify", "accept", "step"}
-    assert all(t > 0 for t in out.stage_times.values())
-    assert out.tokens_per_second > 0 and out.steps >= 1 and out.tau >= 1
-    assert [len(a) for a in out.acceptance_lengths] == [len(a) for a in out.acceptance_lengths]
+    if reps:
+        assert set(out.stage_times) == {"draft", "tree", "verify", "accept", "step"}
+        assert all(t > 0 for t in out.stage_times.values())
 
 
 def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
@@ -82,18 +79,25 @@ def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
         state = engine._step(tp, dp, state, su.plan)
     lengths = np.asarray(state.tcache.lengths)
     out_len = np.asarray(state.out_len)
+    committed = [su.prompts[s, :su.lengths[s]].tolist() + np.asarray(state.out_tokens[s, :out_len[s] - 1]).tolist()
+                 for s in range(4)]
+    n = np.array([len(c) for c in committed], np.int32)
+    np.testing.assert_array_equal(n, lengths)
+    np.testing.assert_array_equal(n, np.asarray(state.dcache.lengths))
+    toks = np.zeros((4, n.max()), np.int32)
+    for s, c in enumerate(committed):
+        toks[s, :len(c)] = c
+    pos = np.broadcast_to(np.arange(n.max()), toks.shape)
+    fresh = dj.forward(tp, cfg, toks, pos, dj.init_cache(cfg, 4, n.max()), num_new=n,
+                       taps=dcfg.target_layer_ids)
+    ctx = dj.append_context(dp, dcfg, dj.init_drafter_cache(dcfg, 4, n.max(), jnp.float32), fresh.taps,
+                            pos, n)
     for s in range(4):
-        committed = su.prompts[s, :su.lengths[s]].tolist() + np.asarray(state.out_tokens[s, :out_len[s] - 1]).tolist()
-        assert len(committed) == lengths[s] == int(state.dcache.lengths[s])
-        n = len(committed)
-        fresh = dj.forward(tp, cfg, np.array([committed], np.int32), np.arange(n)[None],
-                           dj.init_cache(cfg, 1, n), taps=dcfg.target_layer_ids)
         for layer in range(cfg.num_hidden_layers):
-            assert_close(state.tcache.kv[layer][s, :n], fresh.cache.kv[layer][0], 1e-5, f"stream {s} layer {layer}")
-        ctx = dj.append_context(dp, dcfg, dj.init_drafter_cache(dcfg, 1, n, jnp.float32), fresh.taps,
-                                np.arange(n)[None], np.array([n], np.int32))
-        assert_close(state.dcache.k[:, s, :n], ctx.k[:, 0], 1e-5, f"stream {s} drafter k")
-        assert_close(state.dcache.v[:, s, :n], ctx.v[:, 0], 1e-5, f"stream {s} drafter v")
+            assert_close(state.tcache.kv[layer][s, :n[s]], fresh.cache.kv[layer][s, :n[s]], 1e-5,
+                         f"stream {s} layer {layer}")
+        assert_close(state.dcache.k[:, s, :n[s]], ctx.k[:, s, :n[s]], 1e-5, f"stream {s} drafter k")
+        assert_close(state.dcache.v[:, s, :n[s]], ctx.v[:, s, :n[s]], 1e-5, f"stream {s} drafter v")
 
 
 def _exact_joint(target, prompt, vocab, n_tok, sampling):
