@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ddtree_jax import sharding
 from ddtree_jax.config import ModelConfig
 from ddtree_jax.model import init_target
 from ddtree_jax.safetensors_io import (FLOAT_DTYPES, INT_DTYPES, CheckpointError, TensorReader,
@@ -204,15 +205,20 @@ def _set(tree: dict, path: tuple[str, ...], value) -> None:
     tree[path[-1]] = value
 
 
-def _load_entry(reader: TensorReader, entry: _Entry, name: str, dtype):
-    a = jnp.asarray(reader.get(name))
-    if entry.kind == "linear":
-        return a.T.astype(dtype)
-    return a.astype(jnp.float32 if entry.kind == "bias" else dtype)
+def _load_entry(reader: TensorReader, entry: _Entry, name: str, dtype, mesh):
+    """One tensor in the params layout: on the default device, or placed in its shards of `mesh`."""
+    dtype = jnp.float32 if entry.kind == "bias" else dtype
+    if mesh is None:
+        a = jnp.asarray(reader.get(name))
+        return (a.T if entry.kind == "linear" else a).astype(dtype)
+    a = np.asarray(reader.get(name))
+    a = np.ascontiguousarray(a.T if entry.kind == "linear" else a).astype(dtype)
+    return sharding.place(a, "/".join(entry.path), mesh)
 
 
-def _load_experts(reader: TensorReader, cfg: ModelConfig, layer: int, prefix: str, dtype) -> dict:
-    """Stack one layer's routed experts into [E, ...] arrays and convert to the kernel layout."""
+def _load_experts(reader: TensorReader, cfg: ModelConfig, layer: int, prefix: str, dtype, mesh) -> dict:
+    """Stack one layer's routed experts into [E, ...] arrays and convert to the kernel layout
+    (with `mesh`: one expert shard at a time, each placed on its devices)."""
     e = cfg.n_routed_experts
     stacks = {}
     for short, proj in _PROJS:
@@ -229,15 +235,23 @@ def _load_experts(reader: TensorReader, cfg: ModelConfig, layer: int, prefix: st
                 buf[j] = reader.get(base(j) + suffix)
             stacks[short + key] = buf
     if cfg.quant.format == "bf16":
-        return moe.prepare_experts_bf16(stacks["gate"], stacks["up"], stacks["down"])
-    return moe.prepare_experts_int4(*(stacks[s + k] for s, _ in _PROJS for k in ("_packed", "_scale")))
+        names, prepare = ("gate", "up", "down"), moe.prepare_experts_bf16
+    else:
+        names = tuple(s + k for s, _ in _PROJS for k in ("_packed", "_scale"))
+        prepare = moe.prepare_experts_int4
+    if mesh is None:
+        return prepare(*(stacks[n] for n in names))
+    return sharding.place_experts(prepare, [stacks[n] for n in names],
+                                  f"layers_{layer}/mlp/experts", mesh)
 
 
-def load_target(path: str | os.PathLike, dtype=jnp.bfloat16) -> tuple[ModelConfig, dict]:
+def load_target(path: str | os.PathLike, dtype=jnp.bfloat16, *,
+                mesh: jax.sharding.Mesh | None = None) -> tuple[ModelConfig, dict]:
     """HF directory (config.json + safetensors) -> (ModelConfig, params), params exactly as
     `init_target(cfg, key, dtype)` lays them out. Raises ConfigError / CheckpointError naming the
     field or tensor at fault; names, shapes, dtypes and weight_shape values are all checked
-    before any weight is read."""
+    before any weight is read. With `mesh`, each tensor is placed in its shards by the sharding
+    rules as it is read (a device receives only its slice)."""
     path = os.fspath(path)
     cfg, text = _read_config(path)
     nextn = int(text.get("num_nextn_predict_layers") or 0)
@@ -251,10 +265,11 @@ def load_target(path: str | os.PathLike, dtype=jnp.bfloat16) -> tuple[ModelConfi
             name = prefix + entry.name
             if name not in reader.names:  # tied lm_head: the embedding, [V, d] like lm_head.weight
                 name = prefix + "model.embed_tokens.weight"
-            _set(params, entry.path, _load_entry(reader, entry, name, dtype))
+            _set(params, entry.path, _load_entry(reader, entry, name, dtype, mesh))
         for i in range(cfg.num_hidden_layers):
             if cfg.is_moe_layer(i):
-                _set(params, (f"layers_{i}", "mlp", "experts"), _load_experts(reader, cfg, i, prefix, dtype))
+                _set(params, (f"layers_{i}", "mlp", "experts"), _load_experts(reader, cfg, i, prefix, dtype,
+                                                                                mesh))
     check_params(cfg, params)
     return cfg, params
 

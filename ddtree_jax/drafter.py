@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import rope
+from ddtree_jax import sharding
 from ddtree_jax.config import DrafterConfig
 from ddtree_jax.model import Linear, RMSNorm, SwiGLU
 
@@ -144,10 +145,19 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def init_drafter(cfg: DrafterConfig, key: jax.Array, dtype: Dtype = jnp.float32) -> dict:
+def init_drafter(cfg: DrafterConfig, key: jax.Array, dtype: Dtype = jnp.float32, *,
+                 mesh: jax.sharding.Mesh | None = None) -> dict:
     """Random drafter params (the pytree `load_drafter` returns) in `dtype`: kernels
-    N(0, 1/fan_in), norm scales 1. The tree comes from the modules; the values from one draw."""
+    N(0, 1/fan_in), norm scales 1. The tree comes from the modules; the values from one draw.
+    With `mesh`, every leaf is created directly in its shards (`sharding.param_shardings`)."""
+    if mesh is None:
+        return _init_drafter_jit(cfg, key, dtype)
+    out = sharding.param_shardings(jax.eval_shape(functools.partial(_init_drafter, cfg, dtype=dtype),
+                                                  key), mesh)
+    return jax.jit(_init_drafter, static_argnums=(0, 2), out_shardings=out)(cfg, key, dtype)
+
+
+def _init_drafter(cfg: DrafterConfig, key: jax.Array, dtype: Dtype) -> dict:
     model = DFlashDrafter(cfg, dtype)
 
     def run(m, taps, x, pos):
@@ -169,6 +179,9 @@ def init_drafter(cfg: DrafterConfig, key: jax.Array, dtype: Dtype = jnp.float32)
                    .astype(leaf.dtype))
         start += size
     return jax.tree.unflatten(tree, out)
+
+
+_init_drafter_jit = jax.jit(_init_drafter, static_argnums=(0, 2))
 
 
 def _check_shape(name: str, x, expected: tuple) -> None:
@@ -246,8 +259,9 @@ def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target
     t = jnp.arange(n)
     slot = jnp.where(t < num_new[:, None], cache.lengths[:, None] + t, max_ctx)  # max_ctx: dropped
     row = jnp.arange(num_streams)[:, None]
-    return DrafterCache(cache.k.at[:, row, slot].set(k.astype(cache.k.dtype), mode="drop"),
-                        cache.v.at[:, row, slot].set(v.astype(cache.v.dtype), mode="drop"),
+    put = lambda c, new: sharding.constrain(c.at[:, row, slot].set(new.astype(c.dtype), mode="drop"),
+                                            sharding.DRAFTER_CACHE)
+    return DrafterCache(put(cache.k, k), put(cache.v, v),
                         cache.lengths + num_new.astype(cache.lengths.dtype))
 
 
@@ -272,11 +286,12 @@ def block_embedding(target_params: dict, cfg: DrafterConfig, anchor_tokens: jax.
     `[anchor, MASK x (block_size-1)]` through the target's `embed_tokens/embedding`."""
     table = target_params["embed_tokens"]["embedding"]
     mask = jnp.full((anchor_tokens.shape[0], cfg.block_size - 1), cfg.mask_token_id, jnp.int32)
-    return table[jnp.concatenate([anchor_tokens.astype(jnp.int32)[:, None], mask], axis=1)]
+    return sharding.vocab_embed(table, jnp.concatenate([anchor_tokens.astype(jnp.int32)[:, None], mask],
+                                                        axis=1))
 
 
 def draft_logits(target_params: dict, hidden: jax.Array) -> jax.Array:
     """Final-normed drafter hidden [..., d] -> float32 logits [..., V] via the target's lm_head."""
     w = target_params["lm_head"]["kernel"]
-    return jnp.einsum("...d,dv->...v", hidden.astype(w.dtype), w,
-                      preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...d,dv->...v", hidden.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    return sharding.constrain(logits, ("streams",) + (None,) * (logits.ndim - 2) + ("vocab",))

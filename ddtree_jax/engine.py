@@ -10,8 +10,10 @@ Per step, entirely on the device (one jitted function, state buffers donated):
           (follow_tree), stop tokens and max_new_tokens;
   compact the accepted nodes' latent-cache entries move to contiguous slots and their taps join the
           drafter's context; rejected entries are dropped by the lengths.
-The host loop only checks whether every stream is done. Stage times come from the same stage
-functions jitted one by one and timed on a snapshot of the final state.
+Under `jax.set_mesh(mesh)` (ddtree_jax.sharding) the same step runs sharded and `shard_state` keeps
+the state's layout from step to step. The host loop only checks whether every stream is done.
+Stage times come from the same stage functions jitted one by one and timed on a snapshot of the
+final state.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from ddtree_jax import drafter as dft
 from ddtree_jax import model as tgt
+from ddtree_jax import sharding
 from ddtree_jax import tree as trees
 from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.sampling import Sampling, choose
@@ -87,6 +90,23 @@ class GenerateResult:
     prefill_seconds: float
     decode_seconds: float
     compile_seconds: float
+
+
+def shard_state(state: EngineState) -> EngineState:
+    """Pin the state's layout under a mesh (streams over "data", caches by their rules), so every
+    step returns the state laid out as it took it; the identity without a mesh."""
+    streams = lambda x: sharding.constrain(x, ("streams",) + (None,) * (x.ndim - 1))
+    tcache = tgt.LatentCache(kv=tuple(sharding.constrain(k, sharding.LATENT_CACHE)
+                                      for k in state.tcache.kv),
+                             lengths=streams(state.tcache.lengths))
+    dcache = state.dcache
+    if dcache is not None:
+        dcache = dft.DrafterCache(*(sharding.constrain(c, sharding.DRAFTER_CACHE) for c in dcache[:2]),
+                                  streams(dcache.lengths))
+    return state.replace(tcache=tcache, dcache=dcache, pending=streams(state.pending),
+                         out_tokens=streams(state.out_tokens), out_len=streams(state.out_len),
+                         accept=streams(state.accept), done=streams(state.done),
+                         max_new=streams(state.max_new))
 
 
 # ---- stages ----------------------------------------------------------------------------------
@@ -179,9 +199,10 @@ def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens,
         path_taps = jnp.take_along_axis(taps, jnp.maximum(path, 0)[..., None], axis=1)
         dcache = dft.append_context(dparams, plan.dcfg, dcache, path_taps, start[:, None] + j, keep)
     accept = state.accept.at[:, state.step].set(jnp.where(active, acc_len, 0))
-    return EngineState(tcache=tcache, dcache=dcache, pending=jnp.where(active, bonus, state.pending),
-                       out_tokens=out_tokens, out_len=out_len, accept=accept, done=done,
-                       max_new=state.max_new, step=state.step + 1, key=key)
+    return shard_state(EngineState(
+        tcache=tcache, dcache=dcache, pending=jnp.where(active, bonus, state.pending),
+        out_tokens=out_tokens, out_len=out_len, accept=accept, done=done, max_new=state.max_new,
+        step=state.step + 1, key=key))
 
 
 def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> EngineState:
@@ -221,9 +242,10 @@ def _prefill(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, max_le
     done = (max_new <= 1)
     if plan.stop_tokens:
         done = done | jnp.isin(first, jnp.asarray(plan.stop_tokens, jnp.int32))
-    return EngineState(tcache=out.cache, dcache=dcache, pending=first, out_tokens=out_tokens,
-                       out_len=jnp.ones((s,), jnp.int32), accept=jnp.zeros((s, max_steps), jnp.int32),
-                       done=done, max_new=max_new, step=jnp.zeros((), jnp.int32), key=key)
+    return shard_state(EngineState(
+        tcache=out.cache, dcache=dcache, pending=first, out_tokens=out_tokens,
+        out_len=jnp.ones((s,), jnp.int32), accept=jnp.zeros((s, max_steps), jnp.int32), done=done,
+        max_new=max_new, step=jnp.zeros((), jnp.int32), key=key))
 
 
 # ---- the public entry point --------------------------------------------------------------------

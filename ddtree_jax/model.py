@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import rope
+from ddtree_jax import sharding
 from ddtree_jax.config import ModelConfig
 from pallas_kernels import registry
 from pallas_kernels import moe as moe_kernels
@@ -57,6 +58,20 @@ class Linear(nn.Module):
 
     def __call__(self, x):
         return x @ self.kernel.astype(x.dtype)
+
+
+class Embed(nn.Module):
+    """Token embedding `embedding` [V, d]: tokens [...] -> [..., d] (vocabulary-parallel under a mesh)."""
+
+    vocab: int
+    features: int
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens):
+        table = self.param("embedding", nn.initializers.normal(_INIT_STD), (self.vocab, self.features),
+                           self.param_dtype)
+        return sharding.vocab_embed(table, tokens)
 
 
 class SwiGLU(nn.Module):
@@ -146,7 +161,7 @@ class MoE(nn.Module):
         experts = self.param("experts", functools.partial(init_experts, cfg, dtype=self.param_dtype))
         xt = x.reshape(-1, d)
         ids, weights = route(xt.astype(jnp.float32) @ gate.astype(jnp.float32), bias, cfg)
-        routed = registry.get("moe_experts", moe_impl)(xt, ids, weights, experts)
+        routed = sharding.moe_experts(registry.get("moe_experts", moe_impl), xt, ids, weights, experts)
         out = routed.reshape(x.shape).astype(x.dtype)
         if cfg.n_shared_experts:
             out = out + SwiGLU(d, cfg.n_shared_experts * cfg.moe_intermediate_size, self.param_dtype,
@@ -215,16 +230,18 @@ class MLA(nn.Module):
         cos, sin = rope.target_tables(cfg, positions)                             # [S, T, r/2]
         q_pe = rope.apply_interleaved(q_pe, cos[:, :, None], sin[:, :, None])
         k_pe = rope.apply_interleaved(kv_a[..., lora:], cos, sin)
-        kv = _scatter_new(kv, lengths, jnp.concatenate([c, k_pe], axis=-1))
+        kv = sharding.constrain(_scatter_new(kv, lengths, jnp.concatenate([c, k_pe], axis=-1)),
+                                sharding.LATENT_CACHE)
 
         w_kv_b = Linear(lora, h * (nope + vdim), pd, name="kv_b_proj").weight().reshape(lora, h, nope + vdim)
         w_uk, w_uv = w_kv_b[..., :nope].astype(x.dtype), w_kv_b[..., nope:].astype(x.dtype)
         vis = effective_visibility(visibility, num_new)
         if mode == "absorbed":
             q_lat = jnp.einsum("sthn,lhn->sthl", q_nope, w_uk)
-            attend = registry.get("mla_attention", attn_impl)
-            o_lat = attend(jnp.concatenate([q_lat, q_pe], axis=-1), kv, lengths,
-                           mla_kernels.visibility_to_mask(vis), scale=cfg.softmax_scale, v_dim=lora)
+            attend = functools.partial(registry.get("mla_attention", attn_impl),
+                                       scale=cfg.softmax_scale, v_dim=lora)
+            o_lat = sharding.attention(attend, jnp.concatenate([q_lat, q_pe], axis=-1), kv, lengths,
+                                       mla_kernels.visibility_to_mask(vis))
             o = jnp.einsum("sthl,lhv->sthv", o_lat.astype(x.dtype), w_uv)
         elif mode == "naive":
             o = _naive_attention(q_nope, q_pe, kv.astype(x.dtype), lengths, vis, w_uk, w_uv, cfg)
@@ -285,8 +302,7 @@ class Decoder(nn.Module):
     def __call__(self, tokens, positions, kv, lengths, visibility, num_new, taps: Sequence[int],
                  mode: str = "absorbed", attn_impl: str = "auto", moe_impl: str = "auto"):
         cfg, pd = self.cfg, self.param_dtype
-        x = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=nn.initializers.normal(_INIT_STD),
-                     param_dtype=pd, dtype=pd, name="embed_tokens")(tokens)
+        x = Embed(cfg.vocab_size, cfg.hidden_size, pd, name="embed_tokens")(tokens)
         new_kv, tapped = [], {}
         for i in range(cfg.num_hidden_layers):
             x, layer_kv = DecoderLayer(cfg, i, pd, name=f"layers_{i}")(
@@ -296,15 +312,25 @@ class Decoder(nn.Module):
                 tapped[i] = x
         x = RMSNorm(cfg.rms_norm_eps, pd, name="norm")(x)
         head = Linear(cfg.hidden_size, cfg.vocab_size, pd, name="lm_head").weight()
-        logits = jnp.einsum("std,dv->stv", x, head.astype(x.dtype), preferred_element_type=jnp.float32)
+        logits = sharding.constrain(
+            jnp.einsum("std,dv->stv", x, head.astype(x.dtype), preferred_element_type=jnp.float32),
+            ("streams", None, "vocab"))
         tap_out = (jnp.concatenate([tapped[i] for i in taps], axis=-1) if taps
                    else jnp.zeros(x.shape[:2] + (0,), x.dtype))
         return logits, tuple(new_kv), tap_out
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
-def init_target(cfg: ModelConfig, key, dtype=jnp.float32):
-    """Random target params (the same pytree as `load_target` returns)."""
+def init_target(cfg: ModelConfig, key, dtype=jnp.float32, *, mesh: jax.sharding.Mesh | None = None):
+    """Random target params (the same pytree as `load_target` returns). With `mesh`, every leaf
+    is created directly in its shards (`sharding.param_shardings`); the values do not depend on it."""
+    if mesh is None:
+        return _init_target_jit(cfg, key, dtype)
+    shapes = jax.eval_shape(functools.partial(_init_target, cfg, dtype=dtype), key)
+    out = sharding.param_shardings(shapes, mesh)
+    return jax.jit(_init_target, static_argnums=(0, 2), out_shardings=out)(cfg, key, dtype)
+
+
+def _init_target(cfg: ModelConfig, key, dtype):
     # The counter-based "rbg" generator compiles far faster than threefry for hundreds of leaves.
     key = jax.random.key(jax.random.bits(key, (), jnp.uint32), impl="rbg")
     dummy = jnp.zeros((1, 1), jnp.int32)
@@ -313,6 +339,9 @@ def init_target(cfg: ModelConfig, key, dtype=jnp.float32):
                                          jnp.ones((1, 1, 1), bool), jnp.ones((1,), jnp.int32), (),
                                          "absorbed", "xla", "xla")
     return variables["params"]
+
+
+_init_target_jit = jax.jit(_init_target, static_argnums=(0, 2))
 
 
 def _is_concrete(*xs) -> bool:

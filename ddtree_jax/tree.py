@@ -14,6 +14,8 @@ this depth's top-K tokens (K = min(B, V)) and keep the top B; then merge the L s
 parents and children each sorted, pair (parent slot i, rank j) can only be in a depth's top B when
 (i+1)(j+1) <= B, so a depth's candidates number about B ln B rather than B*K. The merge ranks each
 entry by binary search in the other depths' lists. Everything is static-shaped and jit-able.
+Under a mesh the vocabulary top-K is taken per vocabulary shard and merged
+(`sharding.topk_logsumexp`), so [S, L, V] never leaves its shards.
 
 Padding nodes (index > num_nodes, only when fewer than B distinct prefixes exist): token 0,
 depth 0, parent -1, score -inf; each sees only itself and nothing sees it.
@@ -28,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddtree_jax import sharding
 from pallas_kernels import registry
 
 LOGP_FLOOR = -1e30
@@ -108,7 +111,7 @@ def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
     if given_logprobs:
         vals, tok = registry.get("topk", impl)(flat, K)
     else:
-        vals, tok, lse = registry.get("topk_logsumexp", impl)(flat, K)
+        vals, tok, lse = sharding.topk_logsumexp(registry.get("topk_logsumexp", impl), flat, K)
         vals = vals - lse[:, None]
     logp = jnp.maximum(vals, LOGP_FLOOR).reshape(S, L, K)
     tok = tok.reshape(S, L, K)
