@@ -1,0 +1,37 @@
+"""The shipped DFlash drafter for the shipped target (block 16, target frozen).
+
+Run (from the repository root, after train_target.py has exported the target):
+  python experiments/train_drafter.py --config=configs/train_drafter_small.py \
+      --workdir=runs/drafter --export_dir=assets/pair/drafter
+Overrides: --config.key=value (e.g. --config.target=path/to/hf_target --config.steps=200).
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    c = ConfigDict()
+    c.target = "assets/pair/target"   # any target of the framework, HF layout
+    c.tokenizer = "assets/tokenizer.json"
+    c.corpus_cache = "runs/data/corpus.npz"
+    c.corpus_max_files = 0            # 0: every training file
+    c.num_hidden_layers = 2
+    c.target_layer_ids = (1, 3)       # () = the DFlash reference spacing
+    c.block_size = 16
+    c.gamma = 7.0                     # slot k weighted by exp(-(k-1)/gamma)
+    c.labels = "data"                 # "data": true next tokens; "target": the target's greedy tokens
+    c.anchors_per_seq = 32
+    c.seq_len = 256
+    c.batch_size = 32
+    c.steps = 20000
+    c.time_budget_s = 95.0
+    c.lr = 2e-3
+    c.warmup = 100
+    c.b1, c.b2 = 0.9, 0.95
+    c.weight_decay = 0.01
+    c.clip = 1.0
+    c.seed = 0
+    c.log_every = 100
+    c.ckpt_every = 1000
+    c.export_dtype = "bfloat16"
+    return c

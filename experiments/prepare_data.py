@@ -1,0 +1,51 @@
+"""Train the BPE tokenizer, write the held-out prompts, build the corpus cache.
+
+  python experiments/prepare_data.py --tokenizer=assets/tokenizer.json \
+      --prompts=assets/pair/heldout_prompts.json --corpus_cache=runs/data/corpus.npz
+
+The tokenizer (trained on every `--subsample`-th training file) and the prompts are kept in the
+repo and reused when present (--retrain to replace them); the cache holds this interpreter's
+training token stream and its metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+from absl import app, flags
+
+from ddtree_jax import data, tokenizer
+
+_TOK = flags.DEFINE_string("tokenizer", "assets/tokenizer.json", "tokenizer JSON")
+_PROMPTS = flags.DEFINE_string("prompts", "assets/pair/heldout_prompts.json", "held-out prompts JSON")
+_CACHE = flags.DEFINE_string("corpus_cache", "runs/data/corpus.npz", "training token stream cache")
+_VOCAB = flags.DEFINE_integer("vocab_size", 2048, "tokenizer size, specials included")
+_SUB = flags.DEFINE_integer("subsample", 3, "train the tokenizer on every n-th training file")
+_RETRAIN = flags.DEFINE_bool("retrain", False, "replace an existing tokenizer and prompts")
+
+
+def main(argv):
+    del argv
+    if _RETRAIN.value or not os.path.isfile(_TOK.value):
+        texts = [data.read(f) for f in data.training_files()[::_SUB.value]]
+        tok = tokenizer.train(texts, _VOCAB.value)
+        os.makedirs(os.path.dirname(os.path.abspath(_TOK.value)), exist_ok=True)
+        tok.save(_TOK.value)
+        print(f"tokenizer: {tok.vocab_size} ids from {len(texts)} files -> {_TOK.value}")
+    tok = tokenizer.Tokenizer.load(_TOK.value)
+    if _RETRAIN.value or not os.path.isfile(_PROMPTS.value):
+        prompts = data.make_heldout_prompts(tok)
+        os.makedirs(os.path.dirname(os.path.abspath(_PROMPTS.value)), exist_ok=True)
+        with open(_PROMPTS.value, "w") as f:
+            json.dump({"python_version": platform.python_version(), "heldout_files": list(data.HELDOUT),
+                       "tokenizer_sha256": data.file_sha256(_TOK.value), "prompts": prompts}, f, indent=1)
+        print(f"prompts: {len(prompts)} from {len(data.HELDOUT)} held-out modules -> {_PROMPTS.value}")
+    _, meta = data.build_corpus(tok, _TOK.value, _CACHE.value)
+    print(f"corpus: {meta['num_tokens']} tokens from {meta['num_files']} files "
+          f"(Python {meta['python_version']}) -> {_CACHE.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

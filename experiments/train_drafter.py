@@ -1,0 +1,103 @@
+"""Train a DFlash drafter for a frozen target of the framework (the DFlash recipe).
+
+  python experiments/train_drafter.py --config=configs/train_drafter_small.py \
+      --workdir=runs/drafter [--export_dir=assets/pair/drafter] [--config.key=value ...]
+
+Per batch: one causal target forward (no cache) gives the taps; `anchors_per_seq` random anchors
+per sequence each get a block [token at anchor, MASK x (B-1)] that sees the context strictly before
+the anchor plus its own block; cross-entropy on slots 1..B-1 against the true next tokens (or, with
+--config.labels=target, the target's greedy tokens after the true prefix), weighted by
+exp(-(k-1)/gamma). The drafter uses the target's embedding and lm_head (frozen). Orbax
+checkpoints under --workdir (resumable), loss.png and summary.json there; --export_dir writes the
+z-lab HF layout (`save_drafter`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from ddtree_jax import data, training
+from ddtree_jax.checkpoint import load_target
+from ddtree_jax.config import DrafterConfig
+from ddtree_jax.drafter import init_drafter
+from ddtree_jax.drafter_io import save_drafter
+from ddtree_jax.tokenizer import MASK, Tokenizer
+
+
+def drafter_config(c, tcfg) -> DrafterConfig:
+    extra = {"target_layer_ids": tuple(c.target_layer_ids)} if c.target_layer_ids else {}
+    return DrafterConfig.for_target(tcfg, num_hidden_layers=c.num_hidden_layers, block_size=c.block_size,
+                                    mask_token_id=MASK, **extra)
+
+
+def train(c, workdir: str, export_dir: str | None = None) -> dict:
+    """Train (or resume) per config `c`; returns the summary written to workdir/summary.json."""
+    tok = Tokenizer.load(c.tokenizer)
+    tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files)
+    tcfg, tparams = load_target(c.target, dtype=jnp.float32)
+    dcfg = drafter_config(c, tcfg)
+    tx = training.adamw(c.b1, c.b2, c.weight_decay, c.clip)
+
+    @jax.jit
+    def step_fn(params, opt_state, batch, step, total, tparams):
+        key = jax.random.fold_in(jax.random.key(c.seed), step)
+        (loss, metrics), grads = jax.value_and_grad(training.drafter_loss, has_aux=True)(
+            params, tparams, dcfg, tcfg, batch, key, c.anchors_per_seq, c.gamma, c.labels)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        lr = training.learning_rate(step, total, c.lr, c.warmup)
+        return (training.apply_updates(params, updates, lr), opt_state, loss,
+                {"acc1": metrics["slot_acc"][0], "tau_data": metrics["tau_data"]})
+
+    params = init_drafter(dcfg, jax.random.key(c.seed), jnp.float32)
+    fresh = dict(params=params, opt_state=tx.init(params), step=np.int32(0),
+                 total_steps=np.int32(c.steps), losses=np.zeros(c.steps, np.float32))
+    trainer = training.Trainer(workdir)
+    t0 = time.perf_counter()
+    state = training.train_loop(
+        trainer, trainer.restore_or(fresh), lambda *a: step_fn(*a, tparams),
+        lambda s: data.sample_batch(tokens, c.batch_size, c.seq_len, c.seed + 1, s),
+        budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="drafter")
+    trainer.close()
+    total = int(state["total_steps"])
+    losses = state["losses"][:total]
+    training.plot_losses(losses, os.path.join(workdir, "loss.png"),
+                         f"drafter: DFlash loss (block {dcfg.block_size}, gamma {c.gamma:g})")
+    eval_batch = data.sample_batch(tokens, c.batch_size, c.seq_len, c.seed + 2, 0)
+    _, metrics = jax.jit(training.drafter_loss, static_argnums=(2, 3, 6, 7, 8))(
+        state["params"], tparams, dcfg, tcfg, eval_batch, jax.random.key(c.seed + 2),
+        c.anchors_per_seq, c.gamma, c.labels)
+    summary = {"drafter": dcfg.to_hf(), "target": os.path.abspath(c.target), "steps": total,
+               "final_loss": float(losses[-min(50, total):].mean()),
+               "slot_accuracy": [float(a) for a in metrics["slot_acc"]],
+               "tau_on_data": float(metrics["tau_data"]), "loop_seconds": time.perf_counter() - t0,
+               "device": jax.devices()[0].device_kind, "data": meta, "config": c.to_dict(),
+               "command": " ".join(sys.argv)}
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    if export_dir:
+        save_drafter(export_dir, dcfg, training.cast_params(state["params"], c.export_dtype))
+    print(f"drafter: {total} steps, final loss {summary['final_loss']:.4f}, "
+          f"tau on data {summary['tau_on_data']:.2f}", flush=True)
+    return summary
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    train(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.export_dir)
+
+
+if __name__ == "__main__":
+    config_flags.DEFINE_config_file("config", None, "configs/train_drafter_*.py", lock_config=True)
+    flags.DEFINE_string("workdir", "runs/drafter", "checkpoints, loss.png, summary.json")
+    flags.DEFINE_string("export_dir", None, "write the trained drafter here (HF layout)")
+    app.run(main)

@@ -1,0 +1,120 @@
+"""Training: tokenizer round trip, the batched drafter forward, and both scripts (few steps, resume)."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ddtree_jax import data, tokenizer, training
+from ddtree_jax.checkpoint import load_target, save_target_hf
+from ddtree_jax.config import DrafterConfig, ModelConfig
+from ddtree_jax.drafter import drafter_hidden, init_drafter
+from ddtree_jax.drafter_io import load_drafter
+from ddtree_jax.model import init_target
+from experiments import train_drafter, train_target
+from configs import train_drafter_small, train_target_small
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER = os.path.join(ROOT, "assets", "tokenizer.json")
+
+
+def test_tokenizer_trains_and_round_trips():
+    texts = ["def f(x):\n    return x + 1\n", "class A:\n    pass\n\n# caf\u00e9 \u2192 ok\n"] * 3
+    tok = tokenizer.train(texts, 300)
+    assert 259 < tok.vocab_size <= 300
+    for t in texts + ["unseen \u00fcnicode \U0001F600 text\t\r\n"]:
+        assert tok.decode(tok.encode(t)) == t
+    assert len(tok.encode(texts[0])) < len(texts[0].encode())
+
+
+def test_shipped_tokenizer_round_trips_heldout_code(tmp_path):
+    tok = tokenizer.Tokenizer.load(TOKENIZER)
+    assert tok.vocab_size == 2048 and tok.decode([tokenizer.MASK, tokenizer.BOS, tokenizer.EOS]) == ""
+    text = data.read("heapq.py")
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and max(ids) < tok.vocab_size and min(ids) >= 3
+    tok.save(str(tmp_path / "t.json"))
+    assert tokenizer.Tokenizer.load(str(tmp_path / "t.json")).encode(text) == ids
+
+
+def test_heldout_files_are_not_trained_on():
+    assert not set(data.HELDOUT) & set(data.training_files())
+    assert set(data.HELDOUT) <= set(data.stdlib_files())
+
+
+def test_batched_drafter_forward_equals_drafter_hidden():
+    tcfg = ModelConfig.preset("tiny")
+    dcfg = DrafterConfig.for_target(tcfg, num_hidden_layers=2, block_size=4)
+    params = init_drafter(dcfg, jax.random.key(0))
+    k1, k2 = jax.random.split(jax.random.key(1))
+    t, d = 12, tcfg.hidden_size
+    taps = jax.random.normal(k1, (1, t, len(dcfg.target_layer_ids) * d))
+    anchors = jnp.array([[3, 8]], jnp.int32)
+    emb = jax.random.normal(k2, (1, 2, dcfg.block_size, d))
+    got = training.drafter_train_hidden(params, dcfg, taps, emb, anchors)
+    reference = jax.jit(drafter_hidden, static_argnums=1)
+    for j, a in enumerate(np.asarray(anchors[0])):
+        pos = jnp.concatenate([jnp.arange(a), a + jnp.arange(dcfg.block_size)])[None]
+        want = reference(params, dcfg, taps[:, :a], emb[:, j], pos)
+        np.testing.assert_allclose(got[0, j], want[0], atol=2e-5, rtol=2e-5)
+
+
+def test_drafter_loss_rejects_unknown_labels():
+    with pytest.raises(ValueError, match="labels"):
+        training.drafter_loss(None, None, None, None, None, None, 4, 7.0, labels="soft")
+
+
+def test_sample_anchors_fit_the_sequence():
+    a = np.asarray(training.sample_anchors(jax.random.key(0), 4, 40, 16, 10))
+    assert a.shape == (4, 10) and a.min() >= 1 and a.max() <= 40 - 16
+    assert all(len(set(row)) == 10 for row in a)
+
+
+@pytest.fixture
+def compile_cache(tmp_path):
+    """A persistent compilation cache, so the resumed run does not compile again."""
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    old = {k: getattr(jax.config, k) for k in keys}
+    for k, v in zip(keys, (str(tmp_path / "jax_cache"), 0.0, 0)):
+        jax.config.update(k, v)
+    yield
+    for k, v in old.items():
+        jax.config.update(k, v)
+
+
+def _small(cfg, tmp_path, **kw):
+    cfg.tokenizer = TOKENIZER
+    cfg.corpus_cache = str(tmp_path / "corpus.npz")
+    cfg.corpus_max_files = 3
+    cfg.update(dict(time_budget_s=0.0, seq_len=32, batch_size=2, log_every=1, ckpt_every=2, warmup=1), **kw)
+    return cfg
+
+
+def test_train_target_resumes_and_exports(tmp_path, capsys, compile_cache):
+    c = _small(train_target_small.get_config(), tmp_path, preset="tiny", steps=1)
+    work, export = str(tmp_path / "target"), str(tmp_path / "export")
+    first = train_target.train(c, work)
+    assert first["steps"] == 1 and np.isfinite(first["final_loss"])
+    c.steps = 2
+    second = train_target.train(c, work, export)
+    assert "resumed from" in capsys.readouterr().out and second["steps"] == 2
+    assert os.path.isfile(os.path.join(work, "loss.png"))
+    cfg, params = load_target(export, dtype=jnp.float32)
+    assert cfg.vocab_size == 2048 and params["lm_head"]["kernel"].shape == (cfg.hidden_size, 2048)
+
+
+def test_train_drafter_on_a_framework_target(tmp_path):
+    tcfg = ModelConfig.preset("tiny", vocab_size=2048)
+    target = str(tmp_path / "target")
+    save_target_hf(target, tcfg, init_target(tcfg, jax.random.key(0)))
+    d = _small(train_drafter_small.get_config(), tmp_path, target=target, steps=2, anchors_per_seq=3,
+               num_hidden_layers=1, target_layer_ids=(), labels="target")
+    summary = train_drafter.train(d, str(tmp_path / "drafter"), str(tmp_path / "export"))
+    assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+    assert len(summary["slot_accuracy"]) == d.block_size - 1
+    assert os.path.isfile(str(tmp_path / "drafter" / "loss.png"))
+    dcfg, _ = load_drafter(str(tmp_path / "export"), dtype=jnp.float32)
+    assert dcfg.block_size == 16 and dcfg.mask_token_id == tokenizer.MASK
