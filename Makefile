@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) experiments/demo.py
+	$(PY) experiments/speculative_sweep.py --config=configs/sweep_default.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15

@@ -1,0 +1,38 @@
+"""Default speculative sweep (`make run`): ar, dflash, ddtree at budgets 8/32/64 and ddtree-auto, at
+1 and 4 streams, temperature 0, 32 new tokens. Uses the shipped pair (assets/pair/target,
+assets/pair/drafter, held-out prompts) when it exists, otherwise a random tiny pair.
+
+    python experiments/speculative_sweep.py --config=configs/sweep_default.py
+"""
+
+import os
+
+import ml_collections
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.target_dir = os.path.join(REPO, "assets/pair/target")
+    c.drafter_dir = os.path.join(REPO, "assets/pair/drafter")
+    c.prompts = os.path.join(REPO, "assets/pair/heldout_prompts.json")
+    c.dtype = "float32"          # parameter dtype of the loaded pair
+    c.random_tiny = not (os.path.isdir(c.target_dir) and os.path.isdir(c.drafter_dir))
+    c.random_vocab = 64          # random tiny pair only: vocabulary, drafter block, prompt length
+    c.block_size = 16
+    c.prompt_len = 0             # cut prompts to this many tokens (0: as given; random prompts: 32)
+    c.methods = ("ar", "dflash", "ddtree", "ddtree-auto")
+    c.budgets = (8, 32, 64)
+    c.streams = (1, 4)
+    c.temperatures = (0.0,)
+    c.top_k = 0
+    c.top_p = 1.0
+    c.max_new_tokens = 32
+    c.batches = 1                # prompt batches per point (streams prompts each)
+    c.stage_reps = 3             # timed repetitions of each engine stage (0: no breakdown)
+    c.auto_steps = 4             # ddtree-auto: steps whose trees give the expected acceptance
+    c.seed = 0
+    c.compile_cache = os.path.join(REPO, "runs/jax_cache")   # persistent XLA cache ("": off)
+    c.out_dir = os.path.join(REPO, "runs/sweep_default")
+    return c

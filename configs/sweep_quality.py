@@ -1,0 +1,22 @@
+"""Quality bar of the shipped pair (issue 7): DFlash chain vs DDTree at budget 64, temperature 0, all 20
+held-out prompts as 20 streams of one run (acceptance does not depend on the batching).
+
+    python experiments/speculative_sweep.py --config=configs/sweep_quality.py
+"""
+
+import importlib.util
+import os
+
+
+def get_config():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep_default.py")
+    spec = importlib.util.spec_from_file_location("sweep_default", path)
+    default = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(default)
+    c = default.get_config()
+    c.methods = ("ar", "dflash", "ddtree")
+    c.budgets = (64,)
+    c.streams = (20,)
+    c.max_new_tokens = 64
+    c.out_dir = c.out_dir.replace("sweep_default", "sweep_quality")
+    return c

@@ -1,0 +1,119 @@
+"""Sweep results: a crash-safe JSONL log keyed by point parameters, a summary table, plots.
+
+One JSON object per line, each a finished point with a "key" (canonical JSON of the parameters that
+identify the point). A line is written whole, flushed and fsynced before the next point starts, so
+a killed run loses at most the point in progress; a torn last line (killed mid-write) is cut off on
+the next open, and points whose key is already present are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+STAGES = ("draft", "tree", "verify", "accept")
+
+
+def point_key(params: dict) -> str:
+    """Canonical identity of a sweep point: sorted-key JSON of its parameters."""
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+class ResultsLog:
+    """Append-only JSONL results file; `records` maps key -> record for the finished points."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.records: dict[str, dict] = {}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if not os.path.exists(path):
+            return
+        with open(path, "rb") as f:
+            data = f.read()
+        good = 0
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break                      # torn write: dropped below
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            self.records.setdefault(rec["key"], rec)
+            good += len(line)
+        if good < len(data):
+            with open(path, "r+b") as f:
+                f.truncate(good)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.records
+
+    def append(self, record: dict) -> None:
+        if record["key"] in self.records:
+            raise ValueError(f"point already recorded: {record['key']}")
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records[record["key"]] = record
+
+
+def read_results(path: str) -> list[dict]:
+    """The finished points of a results file, in file order."""
+    return list(ResultsLog(path).records.values())
+
+
+def _label(r: dict) -> str:
+    return f"{r['method']}" + (f"@{r['budget']}" if r["method"].startswith("ddtree") else "")
+
+
+def summary_table(records: Iterable[dict]) -> str:
+    """Markdown table: one row per point, grouped by temperature and streams."""
+    head = ("| T | streams | method | budget | tau | tok/s | speedup | step ms | "
+            + " | ".join(f"{s} ms" for s in STAGES) + " | steps |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    order = {"ar": 0, "dflash": 1, "ddtree": 2, "ddtree-auto": 3}
+    for r in sorted(records, key=lambda r: (r["temperature"], r["streams"], order[r["method"]],
+                                            r["budget"] or 0)):
+        st = r.get("stage_times") or {}
+        ms = lambda k: f"{st[k] * 1e3:.2f}" if k in st else ""
+        speed = f"{r['speedup']:.2f}x" if r.get("speedup") else ""
+        rows.append(f"| {r['temperature']:g} | {r['streams']} | {r['method']} | {r['budget'] or ''} | "
+                    f"{r['tau']:.2f} | {r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
+                    + " | ".join(ms(s) for s in STAGES) + f" | {r['steps']} |")
+    return "\n".join(rows)
+
+
+def plot_sweep(records: Iterable[dict], path: str, temperature: float) -> None:
+    """tau and tokens/s against budget at one temperature: a line per stream count (ddtree), the
+    auto-chosen budget as a star, ar and dflash as dotted horizontal lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in records if r["temperature"] == temperature]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, s in enumerate(sorted({r["streams"] for r in recs})):
+        color = f"C{i}"
+        group = [r for r in recs if r["streams"] == s]
+        tree = sorted((r for r in group if r["method"] == "ddtree"), key=lambda r: r["budget"])
+        for ax, field in zip(axes, ("tau", "tokens_per_second")):
+            if tree:
+                ax.plot([r["budget"] for r in tree], [r[field] for r in tree], "o-", color=color,
+                        label=f"ddtree, {s} streams")
+            for r in group:
+                if r["method"] == "ddtree-auto":
+                    ax.plot([r["budget"]], [r[field]], "*", ms=14, color=color,
+                            label=f"auto budget, {s} streams")
+                elif r["method"] in ("ar", "dflash"):
+                    ax.axhline(r[field], color=color, ls=":" if r["method"] == "ar" else "--", lw=1,
+                               label=f"{r['method']}, {s} streams")
+    for ax, title in zip(axes, ("mean acceptance length tau", "tokens / s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tree budget")
+        ax.set_title(f"{title} (temperature {temperature:g})")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

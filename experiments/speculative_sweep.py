@@ -1,0 +1,166 @@
+"""Speculative decoding sweep: methods ar / dflash / ddtree (+ ddtree-auto) over tree budget x streams
+x temperature, on the shipped target + drafter pair (or a random tiny pair).
+
+    python experiments/speculative_sweep.py --config=configs/sweep_default.py
+    python experiments/speculative_sweep.py --config=configs/sweep_default.py \
+        --config.budgets='(16, 64, 256)' --config.streams='(1, 8)' --config.out_dir=runs/sweep_big
+
+Per point: tau, tokens/s, speedup over ar at the same streams and temperature, the step-time
+breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
+(flushed and fsynced); a restart with the same config skips the points already there. At the end:
+a summary table on stdout and <out_dir>/sweep_T<temperature>.png per temperature.
+ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
+step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from absl import app
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import config_flags
+
+import ddtree_jax as dj
+from ddtree_jax import budget as budgets
+from ddtree_jax import engine, sweep_io
+
+_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/sweep_default.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "sweep config file")
+
+
+def load_pair(cfg):
+    """-> (target, drafter, prompts, pair id). Random tiny pair with random prompts, or the pair on
+    disk with the held-out prompts (token ids)."""
+    if cfg.random_tiny:
+        tcfg = dj.ModelConfig.preset("tiny").replace(vocab_size=cfg.random_vocab)
+        dcfg = dj.DrafterConfig.for_target(tcfg, block_size=cfg.block_size)
+        target = (tcfg, dj.init_target(tcfg, jax.random.key(cfg.seed)))
+        drafter = (dcfg, dj.init_drafter(dcfg, jax.random.key(cfg.seed + 1)))
+        rng = np.random.default_rng(cfg.seed)
+        n = max(cfg.streams) * cfg.batches
+        prompts = [rng.integers(0, cfg.random_vocab, cfg.prompt_len or 32).tolist() for _ in range(n)]
+        return target, drafter, prompts, f"random_tiny(v{cfg.random_vocab},b{cfg.block_size},s{cfg.seed})"
+    from ddtree_jax import data
+    target = dj.load_target(cfg.target_dir, dtype=jnp.dtype(cfg.dtype))
+    drafter = dj.load_drafter(cfg.drafter_dir, dtype=jnp.dtype(cfg.dtype))
+    prompts = [p[:cfg.prompt_len] if cfg.prompt_len else p for p in data.load_prompts(cfg.prompts)]
+    return target, drafter, prompts, f"{cfg.target_dir}|{cfg.drafter_dir}"
+
+
+def grid(cfg, pair_id: str) -> list[dict]:
+    """Point parameters in run order: per (temperature, streams) ar first (the speedup baseline)."""
+    points = []
+    for temp in cfg.temperatures:
+        for s in cfg.streams:
+            base = dict(pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
+                        max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
+                        top_p=cfg.top_p)
+            methods = [("ar", None)] + [(m, None) for m in ("dflash",) if m in cfg.methods]
+            if "ddtree" in cfg.methods:
+                methods += [("ddtree", int(b)) for b in cfg.budgets]
+            if "ddtree-auto" in cfg.methods:
+                methods.append(("ddtree-auto", None))
+            points += [dict(base, method=m, budget=b) for m, b in methods]
+    return points
+
+
+def _batches(prompts, streams: int, batches: int):
+    n = streams * batches
+    cycled = [prompts[i % len(prompts)] for i in range(n)]
+    return [cycled[i * streams:(i + 1) * streams] for i in range(batches)]
+
+
+def _generate(target, drafter, batches, p: dict, budget: int, cfg) -> dict:
+    """Run every prompt batch; tau over all (stream, step) pairs, tokens/s = tokens / decode time."""
+    acc, tokens, decode, compile_s, steps, stage = [], 0, 0.0, 0.0, 0, None
+    for prompts in batches:
+        r = engine.generate(target, drafter, prompts, method=p["method"].replace("-auto", ""),
+                            budget=budget, max_new_tokens=p["max_new_tokens"],
+                            temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"],
+                            seed=p["seed"], stage_reps=cfg.stage_reps if stage is None else 0)
+        acc += [a for row in r.acceptance_lengths for a in row]
+        tokens += sum(len(t) - 1 for t in r.tokens)
+        decode += r.decode_seconds
+        compile_s += r.compile_seconds
+        steps += r.steps
+        stage = r.stage_times if stage is None else stage
+    return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
+                generated=tokens, decode_seconds=decode, compile_seconds=compile_s, steps=steps,
+                stage_times=stage)
+
+
+def _group(p: dict, **changes) -> str:
+    return sweep_io.point_key(dict(p, **changes))
+
+
+def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) -> dict:
+    """One point -> its record (parameters, key, measurements)."""
+    t0 = time.perf_counter()
+    batches = _batches(prompts, p["streams"], p["batches"])
+    extra, budget = {}, p["budget"] or 1
+    if p["method"] == "ddtree-auto":
+        fixed = [log.records.get(_group(p, method="ddtree", budget=int(b))) for b in cfg.budgets]
+        fixed = [r for r in fixed if r and "step" in (r["stage_times"] or {})]
+        if len(fixed) >= 2:
+            curve = budgets.StepTimeCurve(tuple(r["budget"] for r in fixed),
+                                          tuple(r["stage_times"]["step"] for r in fixed))
+        else:
+            curve = budgets.measure_step_times(target, drafter, batches[0], cfg.budgets,
+                                               temperature=p["temperature"],
+                                               max_new_tokens=p["max_new_tokens"], seed=p["seed"])
+        choice = budgets.choose_budget(target, drafter, batches[0], curve, steps=cfg.auto_steps,
+                                       temperature=p["temperature"],
+                                       max_new_tokens=p["max_new_tokens"], seed=p["seed"])
+        budget = choice.budget
+        extra = dict(expected_tau=choice.expected_tau, curve_budgets=list(curve.budgets),
+                     curve_seconds=list(curve.seconds), choose_seconds=time.perf_counter() - t0)
+    rec = dict(p, key=sweep_io.point_key(p), **_generate(target, drafter, batches, p, budget, cfg),
+               **extra)
+    rec["budget"] = budget if p["method"].startswith("ddtree") else None
+    ar = log.records.get(_group(p, method="ar", budget=None))
+    base = rec["tokens_per_second"] if p["method"] == "ar" else (ar or {}).get("tokens_per_second")
+    rec.update(speedup=rec["tokens_per_second"] / base if base else None,
+               backend=jax.default_backend(), wall_seconds=time.perf_counter() - t0,
+               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    return rec
+
+
+def run_sweep(cfg) -> list[dict]:
+    """Run every unfinished point of the config's grid; -> all records of the grid."""
+    target, drafter, prompts, pair_id = load_pair(cfg)
+    log = sweep_io.ResultsLog(os.path.join(cfg.out_dir, "results.jsonl"))
+    points = grid(cfg, pair_id)
+    todo = [p for p in points if sweep_io.point_key(p) not in log]
+    print(f"pair {pair_id} on {jax.default_backend()}: {len(points)} points, "
+          f"{len(points) - len(todo)} already in {log.path}", flush=True)
+    for i, p in enumerate(todo):
+        rec = run_point(target, drafter, prompts, p, log, cfg)
+        log.append(rec)
+        print(f"[{i + 1}/{len(todo)}] streams {p['streams']} T {p['temperature']:g} {p['method']}"
+              f"{'@' + str(rec['budget']) if rec['budget'] else ''}: tau {rec['tau']:.2f}, "
+              f"{rec['tokens_per_second']:.1f} tok/s, {rec['wall_seconds']:.1f} s", flush=True)
+    records = [log.records[sweep_io.point_key(p)] for p in points]
+    for temp in cfg.temperatures:
+        sweep_io.plot_sweep(records, os.path.join(cfg.out_dir, f"sweep_T{float(temp):g}.png"), float(temp))
+    return records
+
+
+def main(argv):
+    del argv
+    cfg = _CONFIG.value
+    t0 = time.perf_counter()
+    if cfg.compile_cache:     # identical stages of different points (and reruns) compile once
+        jax.config.update("jax_compilation_cache_dir", cfg.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    records = run_sweep(cfg)
+    print(sweep_io.summary_table(records))
+    print(f"results: {os.path.join(cfg.out_dir, 'results.jsonl')}; plots: {cfg.out_dir}/sweep_T*.png; "
+          f"{time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,76 @@
+"""The K2.6 roofline: a hand-computed step, component formulas, the projection script's pieces."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ddtree_jax as dj
+from ddtree_jax import roofline as rf
+
+TOY = rf.GPU("toy", hbm_tbs=1.0, copy_tbs=1.0, bf16_tflops=100.0, link_gbs=100.0, link="toy",
+             link_latency_us=0.0, source="test")
+
+
+def test_plain_decode_step_by_hand():
+    """tiny preset, 1 GPU, 1 stream, budget 0 (T = 1), context 100, bare roofline: every part is
+    memory-bound at 1 TB/s, so the step time is the bytes read / 1e12."""
+    cfg = dj.ModelConfig.preset("tiny")          # d 64, 3 layers (layer 0 dense), H 4, E 16 top-4
+    dep = rf.Deployment(cfg, dj.DrafterConfig.for_target(cfg), gpus=1, ctx=100)
+    replicated = 64 * (48 + 32 + 8)              # q_a, kv_a (kv_lora + rope)
+    mla = 48 * 4 * 24 + 32 * 4 * (16 + 16) + 4 * 16 * 64          # q_b, kv_b, o_proj
+    dense = 2 * (replicated + mla + 3 * 64 * 128)                 # layer 0 with its dense MLP
+    moe_rest = 2 * (replicated + 64 * 16 + mla + 3 * 64 * 32)     # router + shared expert
+    experts = 4 * 3 * 64 * 32 * 0.5625                            # 4 active experts, INT4 + scales
+    attention = 2 * (101 * 40 + 1 * 4 * (40 + 32))                # latent cache + q in / out
+    head = 2 * 64 * 512
+    total = dense + 2 * moe_rest + 2 * experts + 3 * attention + head
+    st = rf.step_time(TOY, rf.UNIT, dep, streams=1, budget=0)
+    assert st.total == pytest.approx(total / 1e12, rel=1e-9)
+    assert st.moe == pytest.approx(2 * experts / 1e12)
+    assert st.attention == pytest.approx(3 * attention / 1e12)
+    assert st.comm == st.draft == st.tree == st.overhead == 0
+    row = rf.project(TOY, rf.UNIT, dep, rf.DEFAULT_TAU, streams=1, budgets=())[0]
+    assert row["tokens_per_second"] == pytest.approx(1e12 / total)
+
+
+def test_k2_components_by_hand():
+    cfg = dj.ModelConfig.preset("kimi_k2_6")
+    # T = 1 over 8 GPUs: 8 active experts, one per GPU, 3 x 7168 x 2048 weights at 0.5625 B
+    assert rf.moe_seconds(TOY, rf.UNIT, cfg, 1, 8) == pytest.approx(3 * 7168 * 2048 * 0.5625 / 1e12)
+    # T = 4096: every expert active and compute-bound: 2 x 4096 x 8 x 3 x 7168 x 2048 / 8 FLOP at 100 TFLOP/s
+    assert rf.moe_seconds(TOY, rf.UNIT, cfg, 4096, 8) == pytest.approx(
+        2 * 4096 * 8 * 3 * 7168 * 2048 / 8 / 100e12)
+    # attention S 2, Q 5, ctx 1000, 8 heads per GPU: bytes 2*2*(1005*576 + 5*8*1088) beat FLOPs
+    assert rf.attention_seconds(TOY, rf.UNIT, cfg, 2, 5, 1000, 8) == pytest.approx(2489600 / 1e12)
+    # ring all-reduce of 10 tokens x 7168 bf16 over 8 GPUs at 100 GB/s
+    assert rf.allreduce_seconds(TOY, rf.UNIT, 10 * 7168 * 2, 8) == pytest.approx(
+        2 * 7 / 8 * 143360 / 100e9)
+    assert rf.active_experts(1, 384, 8) == pytest.approx(8)
+    assert rf.active_experts(10 ** 6, 384, 8) == pytest.approx(384)
+
+
+def test_projection_prefers_trees_when_verification_is_flat():
+    """With weights dominating and a free draft, the best budget grows past the plain decode."""
+    dep = rf.Deployment.kimi_k2_6()
+    rows = rf.project(rf.GPUS["H200"], rf.CALIBRATIONS["measured"], dep, rf.DEFAULT_TAU, streams=1)
+    best = rf.best(rows)
+    assert best["budget"] > 1 and best["tokens_per_second"] > rows[0]["tokens_per_second"]
+    assert set(best["parts_ms"]) == {f.name for f in dataclasses.fields(rf.StepTime)}
+
+
+def test_tau_curve_parse_and_interpolation():
+    tau = rf.TauCurve.parse("64:5,8:3")
+    assert tau.budgets == (8, 64)
+    assert float(tau(8)) == 3 and float(tau(64)) == 5 and float(tau(1024)) == 5
+    assert float(tau(np.sqrt(8 * 64))) == pytest.approx(4)
+
+
+def test_measure_runs_on_the_tiny_preset():
+    from experiments import k2_projection
+    rows = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
+                                 reps=1)
+    (row,) = rows
+    assert row["tokens"] == 3 and row["forward_ms"] > 0 and row["moe_ms"] > 0
+    assert {"attention_ms", "rest_ms", "head_ms"} <= set(row)

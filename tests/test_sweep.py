@@ -1,0 +1,129 @@
+"""The speculative sweep: crash-safe results log, grid, resume after a kill, the default config."""
+
+import glob
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddtree_jax import sweep_io
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rec(i, **kw):
+    p = dict(pair="p", method="ddtree", budget=2 ** i, streams=1, temperature=0.0)
+    return dict(p, key=sweep_io.point_key(p), tau=1.5, tokens_per_second=10.0 * i, speedup=None,
+                steps=3, stage_times={"step": 1e-3, "verify": 5e-4}, **kw)
+
+
+def test_results_log_survives_a_torn_line(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    log = sweep_io.ResultsLog(path)
+    log.append(_rec(1))
+    log.append(_rec(2))
+    with pytest.raises(ValueError):
+        log.append(_rec(1))
+    with open(path, "a") as f:
+        f.write('{"key": "half a record')                 # killed mid-write
+    again = sweep_io.ResultsLog(path)
+    assert list(again.records) == [_rec(1)["key"], _rec(2)["key"]]
+    again.append(_rec(3))
+    with open(path) as f:
+        assert [json.loads(line)["budget"] for line in f] == [2, 4, 8]
+
+
+def test_summary_and_plot(tmp_path):
+    recs = [_rec(1), _rec(2), dict(_rec(3), method="ar", budget=None, speedup=1.0)]
+    table = sweep_io.summary_table(recs)
+    assert table.count("\n") == 4 and "| ar |" in table.splitlines()[2]
+    png = tmp_path / "p.png"
+    sweep_io.plot_sweep(recs, str(png), 0.0)
+    assert png.stat().st_size > 1000
+
+
+def _load_config(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+def test_default_config_uses_the_shipped_pair_when_present():
+    cfg = _load_config("sweep_default")
+    shipped = os.path.isdir(cfg.target_dir) and os.path.isdir(cfg.drafter_dir)
+    assert cfg.random_tiny == (not shipped)
+    assert cfg.target_dir == os.path.join(ROOT, "assets/pair/target")
+
+
+def _overrides(out, cache, **kw):
+    c = dict(random_tiny=True, random_vocab=16, block_size=3, prompt_len=5, methods=("ar", "ddtree"),
+             budgets=(2,), streams=(1,), max_new_tokens=3, stage_reps=0, auto_steps=1,
+             out_dir=str(out), compile_cache=str(cache))
+    c.update(kw)
+    return c
+
+
+def test_sweep_resumes_after_kill(tmp_path):
+    """Kill the sweep (SIGKILL) once its first point is on disk, tear the file's tail, rerun: every
+    point is there exactly once and the first one was not redone."""
+    out = tmp_path / "sweep"
+    results = out / "results.jsonl"
+    cmd = [sys.executable, os.path.join(ROOT, "experiments/speculative_sweep.py"),
+           "--config=" + os.path.join(ROOT, "configs/sweep_default.py")]
+    overrides = _overrides(out, tmp_path / "cache", methods=("ar",), streams=(1, 2))
+    cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while not (results.exists() and results.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    first = results.read_text().splitlines()
+    with open(results, "a") as f:
+        f.write('{"key": "torn')
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = results.read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
+    assert len({r["key"] for r in recs}) == len(recs) == 2
+    assert lines[:len(first)] == first
+    assert [(r["method"], r["streams"]) for r in recs] == [("ar", 1), ("ar", 2)]
+    assert all(r["speedup"] == 1 and r["tau"] == 1 for r in recs)
+    assert "| 0 | 2 | ar |" in done.stdout and (out / "sweep_T0.png").exists()
+
+
+def test_auto_point_uses_the_groups_step_times(tmp_path):
+    """ddtree-auto takes t(b) from the finished fixed-budget points and picks a budget within them."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), "", methods=("ar", "ddtree", "ddtree-auto"), budgets=(2, 4)))
+    target, drafter, prompts, pair = sweep.load_pair(cfg)
+    points = sweep.grid(cfg, pair)
+    assert [p["method"] for p in points] == ["ar", "ddtree", "ddtree", "ddtree-auto"]
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    for p, step in zip(points[:3], (1e-3, 2e-3, 2.5e-3)):
+        log.append(dict(p, key=sweep_io.point_key(p), tokens_per_second=100.0, stage_times={"step": step}))
+    rec = sweep.run_point(target, drafter, prompts, points[3], log, cfg)
+    assert rec["curve_budgets"] == [2, 4] and rec["curve_seconds"] == [2e-3, 2.5e-3]
+    assert 1 <= rec["budget"] <= 4 and rec["expected_tau"] >= 1 and rec["speedup"] > 0
+    assert rec["key"] == sweep_io.point_key(points[3])
+
+
+@pytest.mark.parametrize("name", [os.path.basename(p)[:-3] for p in
+                                  sorted(glob.glob(os.path.join(ROOT, "configs", "sweep_*.py")))])
+def test_sweep_configs_hold_their_command(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert f"experiments/speculative_sweep.py --config=configs/{name}.py" in mod.__doc__
+    cfg = mod.get_config()
+    assert cfg.methods and cfg.streams and cfg.temperatures and cfg.out_dir
