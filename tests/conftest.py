@@ -1,6 +1,11 @@
 """Test-wide settings: full-precision matmuls, the one Pallas:Triton warning filter."""
 
-import jax
+import os
+
+# The suite is dominated by XLA:CPU compilation of small programs: skip LLVM's expensive passes.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+import jax  # noqa: E402
 
 import pallas_kernels.pallas_compat  # noqa: F401  (installs the one warning filter)
 
@@ -8,7 +13,6 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 # Share compiled executables between the xdist workers (and across runs on one machine): most of
 # the suite's time is XLA compilation of the same few jitted functions.
-import os  # noqa: E402
 import tempfile  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), "ddtree_jax_xla_cache"))

@@ -114,7 +114,7 @@ def _exact_joint(target, prompt, vocab, n_tok, sampling):
 
 
 @pytest.mark.parametrize("method, budget, top_k, top_p", [
-    ("ddtree", 5, 0, 1.0), ("dflash", 1, 0, 1.0), ("ddtree", 4, 5, 0.85)])
+    ("ddtree", 5, 0, 1.0), ("ddtree", 4, 5, 0.85)])
 def test_temperature_one_is_lossless(method, budget, top_k, top_p):
     """The first three emitted tokens of 6000 streams follow the target's exact distribution."""
     vocab, n_tok, streams = 6, 3, 6000
