@@ -63,10 +63,6 @@ def read_results(path: str) -> list[dict]:
     return list(ResultsLog(path).records.values())
 
 
-def _label(r: dict) -> str:
-    return f"{r['method']}" + (f"@{r['budget']}" if r["method"].startswith("ddtree") else "")
-
-
 def summary_table(records: Iterable[dict]) -> str:
     """Markdown table: one row per point, grouped by temperature and streams."""
     head = ("| T | streams | method | budget | tau | tok/s | speedup | step ms | "
