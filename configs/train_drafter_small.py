@@ -1,6 +1,8 @@
 """The shipped DFlash drafter for the shipped target (block 16, target frozen).
 
-Run (from the repository root, after train_target.py has exported the target):
+Run (from the repository root, after train_target.py has exported the target and
+distill_data.py has written the target's greedy continuations):
+  python experiments/distill_data.py --target=assets/pair/target --out=runs/distill/greedy.npz
   python experiments/train_drafter.py --config=configs/train_drafter_small.py \
       --workdir=runs/drafter --export_dir=assets/pair/drafter
 Overrides: --config.key=value (e.g. --config.target=path/to/hf_target --config.steps=200).
@@ -15,16 +17,17 @@ def get_config() -> ConfigDict:
     c.tokenizer = "assets/tokenizer.json"
     c.corpus_cache = "runs/data/corpus.npz"
     c.corpus_max_files = 0            # 0: every training file
+    c.distill_data = "runs/distill/greedy.npz"  # "": train on corpus windows instead
     c.num_hidden_layers = 2
     c.target_layer_ids = (1, 3)       # () = the DFlash reference spacing
     c.block_size = 16
     c.gamma = 7.0                     # slot k weighted by exp(-(k-1)/gamma)
-    c.labels = "data"                 # "data": true next tokens; "target": the target's greedy tokens
+    c.labels = "target"               # "data": true next tokens; "target": the target's greedy tokens
     c.anchors_per_seq = 32
     c.seq_len = 256
-    c.batch_size = 32
+    c.batch_size = 64
     c.steps = 20000
-    c.time_budget_s = 95.0
+    c.time_budget_s = 270.0
     c.lr = 2e-3
     c.warmup = 100
     c.b1, c.b2 = 0.9, 0.95

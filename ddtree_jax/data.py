@@ -87,6 +87,28 @@ def sample_batch(tokens: np.ndarray, batch: int, seq_len: int, seed: int, step: 
     return np.stack([tokens[s:s + seq_len] for s in starts]).astype(np.int32)
 
 
+def load_sequences(path: str) -> tuple[np.ndarray, dict]:
+    """A distillation file of experiments/distill_data.py: (tokens uint16 [N, T], meta)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"distill_data: no file at {path} (run experiments/distill_data.py)")
+    with np.load(path) as z:
+        tokens, meta = z["tokens"], json.loads(str(z["meta"]))
+    if tokens.ndim != 2 or tokens.shape[0] < 1:
+        raise ValueError(f"distill_data {path}: tokens must be [N >= 1, T], got {tokens.shape}")
+    return tokens, meta
+
+
+def sample_rows(rows: np.ndarray, batch: int, seq_len: int, seed: int, step: int) -> np.ndarray:
+    """[batch, seq_len] int32: random rows of `rows` [N, T >= seq_len], each at a random offset;
+    a pure function of (seed, step)."""
+    if rows.shape[1] < seq_len:
+        raise ValueError(f"sequences of {rows.shape[1]} tokens are shorter than seq_len {seq_len}")
+    rng = np.random.default_rng([seed, step])
+    which = rng.integers(0, rows.shape[0], size=batch)
+    offs = rng.integers(0, rows.shape[1] - seq_len + 1, size=batch)
+    return np.stack([rows[w, o:o + seq_len] for w, o in zip(which, offs)]).astype(np.int32)
+
+
 def make_heldout_prompts(tok: Tokenizer, per_file: int = 2, prompt_tokens: int = 96) -> list[dict]:
     """Prompts from the held-out modules: `per_file` windows starting at line starts spread over
     each file, `prompt_tokens` tokens each."""

@@ -62,6 +62,9 @@ def main(argv):
         with open(os.path.join(work, "summary.json")) as f:
             summaries[name] = json.load(f)
         shutil.copy(os.path.join(work, "loss.png"), os.path.join(pair, f"{name}_loss.png"))
+    # A drafter trained on distill_data.py's continuations carries that file's metadata.
+    distill = summaries["drafter"]["data"] if "target_sha256" in summaries["drafter"]["data"] else None
+    distill_cmd = [distill["command"]] if distill else []
     files = {}
     for root, _, names in os.walk(pair):
         for n in sorted(names):
@@ -74,7 +77,9 @@ def main(argv):
         "tokenizer": {"path": _TOK.value, "sha256": data.file_sha256(_TOK.value)},
         "files": dict(sorted(files.items())),
         "data": summaries["target"]["data"],
-        "commands": [_PREPARE] + [f"python {summaries[k]['command']}" for k in ("target", "drafter")]
+        "distill_data": {k: v for k, v in distill.items() if k != "corpus"} if distill else None,
+        "commands": [_PREPARE, f"python {summaries['target']['command']}"] + distill_cmd
+                    + [f"python {summaries['drafter']['command']}"]
                     + ["python experiments/ship_pair.py " + " ".join(
                         f"--{k}={v}" for k, v in (("pair_dir", pair), ("target_workdir", _TWORK.value),
                                                   ("drafter_workdir", _DWORK.value),

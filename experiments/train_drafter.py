@@ -3,6 +3,8 @@
   python experiments/train_drafter.py --config=configs/train_drafter_small.py \
       --workdir=runs/drafter [--export_dir=assets/pair/drafter] [--config.key=value ...]
 
+Training text: windows of the stdlib corpus, or (--config.distill_data=path) rows of the target's
+own greedy continuations from experiments/distill_data.py.
 Per batch: one causal target forward (no cache) gives the taps; `anchors_per_seq` random anchors
 per sequence each get a block [token at anchor, MASK x (B-1)] that sees the context strictly before
 the anchor plus its own block; cross-entropy on slots 1..B-1 against the true next tokens (or, with
@@ -14,6 +16,7 @@ z-lab HF layout (`save_drafter`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -42,7 +45,12 @@ def drafter_config(c, tcfg) -> DrafterConfig:
 def train(c, workdir: str, export_dir: str | None = None) -> dict:
     """Train (or resume) per config `c`; returns the summary written to workdir/summary.json."""
     tok = Tokenizer.load(c.tokenizer)
-    tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files)
+    if c.distill_data:
+        rows, meta = data.load_sequences(c.distill_data)
+        sample = functools.partial(data.sample_rows, rows, c.batch_size, c.seq_len)
+    else:
+        tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files)
+        sample = functools.partial(data.sample_batch, tokens, c.batch_size, c.seq_len)
     tcfg, tparams = load_target(c.target, dtype=jnp.float32)
     dcfg = drafter_config(c, tcfg)
     tx = training.adamw(c.b1, c.b2, c.weight_decay, c.clip)
@@ -64,14 +72,14 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
     t0 = time.perf_counter()
     state = training.train_loop(
         trainer, trainer.restore_or(fresh), lambda *a: step_fn(*a, tparams),
-        lambda s: data.sample_batch(tokens, c.batch_size, c.seq_len, c.seed + 1, s),
+        functools.partial(sample, c.seed + 1),
         budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="drafter")
     trainer.close()
     total = int(state["total_steps"])
     losses = state["losses"][:total]
     training.plot_losses(losses, os.path.join(workdir, "loss.png"),
                          f"drafter: DFlash loss (block {dcfg.block_size}, gamma {c.gamma:g})")
-    eval_batch = data.sample_batch(tokens, c.batch_size, c.seq_len, c.seed + 2, 0)
+    eval_batch = sample(c.seed + 2, 0)
     _, metrics = jax.jit(training.drafter_loss, static_argnums=(2, 3, 6, 7, 8))(
         state["params"], tparams, dcfg, tcfg, eval_batch, jax.random.key(c.seed + 2),
         c.anchors_per_seq, c.gamma, c.labels)

@@ -13,7 +13,7 @@ from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.drafter import drafter_hidden, init_drafter
 from ddtree_jax.drafter_io import load_drafter
 from ddtree_jax.model import init_target
-from experiments import train_drafter, train_target
+from experiments import distill_data, train_drafter, train_target
 from configs import train_drafter_small, train_target_small
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,6 +85,37 @@ def compile_cache(tmp_path):
         jax.config.update(k, v)
 
 
+def test_distilled_continuations_are_the_targets_greedy_tokens(tmp_path):
+    tcfg = ModelConfig.preset("tiny", vocab_size=2048)
+    tparams = init_target(tcfg, jax.random.key(3))
+    prompts = np.random.default_rng(0).integers(3, 2048, size=(3, 5))
+    seqs = distill_data.continuations((tcfg, tparams), prompts, new_tokens=4, streams=2)
+    assert seqs.shape == (3, 9) and np.array_equal(seqs[:, :5], prompts)
+    _, greedy = training.target_taps(tparams, tcfg, jnp.asarray(seqs), (1,))
+    np.testing.assert_array_equal(np.asarray(greedy)[:, 4:8], seqs[:, 5:9])  # float32: exact
+    path = str(tmp_path / "d.npz")
+    np.savez(path, tokens=seqs.astype(np.uint16), meta='{"command": "x"}')
+    rows, meta = data.load_sequences(path)
+    batch = data.sample_rows(rows, 4, 6, seed=0, step=1)
+    assert batch.shape == (4, 6) and meta["command"] == "x"
+    assert all(any(np.array_equal(b, r[o:o + 6]) for r in seqs for o in range(4)) for b in batch)
+    with pytest.raises(ValueError, match="seq_len"):
+        data.sample_rows(rows, 1, 10, seed=0, step=0)
+
+
+def test_train_drafter_on_distilled_rows(tmp_path):
+    tcfg = ModelConfig.preset("tiny", vocab_size=2048)
+    target = str(tmp_path / "target")
+    save_target_hf(target, tcfg, init_target(tcfg, jax.random.key(0)))
+    path = str(tmp_path / "d.npz")
+    rows = np.random.default_rng(1).integers(3, 2048, size=(4, 40)).astype(np.uint16)
+    np.savez(path, tokens=rows, meta='{"command": "python experiments/distill_data.py"}')
+    d = _small(train_drafter_small.get_config(), tmp_path, target=target, steps=1, anchors_per_seq=2,
+               num_hidden_layers=1, target_layer_ids=(), distill_data=path)
+    summary = train_drafter.train(d, str(tmp_path / "drafter"))
+    assert summary["steps"] == 1 and summary["data"]["command"].endswith("distill_data.py")
+
+
 def _small(cfg, tmp_path, **kw):
     cfg.tokenizer = TOKENIZER
     cfg.corpus_cache = str(tmp_path / "corpus.npz")
@@ -111,7 +142,7 @@ def test_train_drafter_on_a_framework_target(tmp_path):
     target = str(tmp_path / "target")
     save_target_hf(target, tcfg, init_target(tcfg, jax.random.key(0)))
     d = _small(train_drafter_small.get_config(), tmp_path, target=target, steps=2, anchors_per_seq=3,
-               num_hidden_layers=1, target_layer_ids=(), labels="target")
+               num_hidden_layers=1, target_layer_ids=(), labels="target", distill_data="")
     summary = train_drafter.train(d, str(tmp_path / "drafter"), str(tmp_path / "export"))
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
     assert len(summary["slot_accuracy"]) == d.block_size - 1
