@@ -76,7 +76,7 @@ def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
     su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=8, max_new_tokens=12)
     state = engine.prefill(target, drafter, su)
     for _ in range(3):
-        state = engine._step(tp, dp, state, su.plan)
+        state, _ = engine._step(tp, dp, state, su.plan)
     lengths = np.asarray(state.tcache.lengths)
     out_len = np.asarray(state.out_len)
     committed = [su.prompts[s, :su.lengths[s]].tolist() + np.asarray(state.out_tokens[s, :out_len[s] - 1]).tolist()

@@ -1,0 +1,157 @@
+"""Where a decode step's time goes on the device: a profiler trace of the engine's fused step.
+
+  PYTHONPATH=. python experiments/step_profile.py --methods=ar,dflash,ddtree --budgets=16,64 \
+      --streams=1,16 --out=$OUT/step_profile.json
+  PYTHONPATH=. python experiments/step_profile.py --dtype=float32 --streams=1 --budgets=8 --steps=3  # CPU
+
+Per (method, budget, streams) on the shipped pair and the held-out prompts: prefill, compile the
+fused step, then time `--steps` steps under three host loops: "sync" (read the done flag after every
+step, waiting for the device), "engine" (engine.decode: read it one step behind) and "async" (never
+read it: the host only dispatches); then trace the engine loop with `jax.profiler.trace`. From the trace's device streams:
+device-busy time per step (the union of kernel intervals), kernels per step, and the kernels
+taking the most device time. busy / wall near 1 means the step is bound by its kernels; well below
+1 means the device idles between kernels (launch- or host-bound). On a CPU backend the trace holds
+no device streams and only the wall time is reported.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import ddtree_jax as dj
+from ddtree_jax import data, engine
+
+_PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "target/, drafter/, heldout_prompts.json")
+_METHODS = flags.DEFINE_list("methods", ["ar", "dflash", "ddtree"], "engine methods")
+_BUDGETS = flags.DEFINE_list("budgets", ["16", "64"], "ddtree budgets")
+_STREAMS = flags.DEFINE_list("streams", ["1", "16"], "concurrent streams")
+_STEPS = flags.DEFINE_integer("steps", 20, "steps timed and traced per point")
+_TOP = flags.DEFINE_integer("top", 8, "kernels listed per point")
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
+_OUT = flags.DEFINE_string("out", "", "write all points as JSON here")
+LOOPS = ("sync", "engine", "async")
+
+
+def _intervals_union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -np.inf
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def device_kernels(trace_dir: str) -> tuple[list[dict], list[str]]:
+    """(kernel events {name, ts, dur} in us on the device streams, every process name) of the
+    newest trace in trace_dir."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        return [], []
+    with gzip.open(files[-1], "rt") as f:
+        events = json.load(f).get("traceEvents", [])
+    procs, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            procs[e["pid"]] = e["args"].get("name", "")
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e["args"].get("name", "")
+    device = {pid for pid, name in procs.items() if "/device:GPU" in name or "/device:TPU" in name}
+    streams = {k for k, name in threads.items() if k[0] in device and name.startswith("Stream")}
+    keep = streams or {k for k in threads if k[0] in device}
+    return [dict(name=e.get("name", "?"), ts=float(e["ts"]), dur=float(e.get("dur", 0.0)))
+            for e in events if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in keep], \
+        sorted(procs.values())
+
+
+def _run_steps(step, tparams, dparams, state, n: int, loop: str):
+    """n steps (fewer if every stream finishes) with the host loop `loop`: "sync" reads the done
+    flag right after each step, "engine" is engine.decode (reads it one step behind), "async"
+    never reads it. Returns the state after the device has finished."""
+    if loop == "engine":
+        return jax.block_until_ready(engine.decode(step, tparams, dparams, state, n))
+    for _ in range(n):
+        state, finished = step(tparams, dparams, state)
+        if loop == "sync" and bool(finished):
+            break
+    return jax.block_until_ready(state)
+
+
+def profile_point(target, drafter, prompts, method: str, budget: int, steps: int, top: int) -> dict:
+    su = engine.setup(target, drafter, prompts, method=method, budget=budget,
+                      max_new_tokens=steps * (drafter[0].block_size + 1) + 8)
+    dparams = drafter[1] if su.plan.dcfg is not None else None
+    state = engine.prefill(target, drafter, su)
+    step = engine._step.lower(target[1], dparams, state, su.plan).compile()
+    walls = {}
+    for loop in LOOPS:
+        state = engine.prefill(target, drafter, su)
+        state = _run_steps(step, target[1], dparams, state, 2, "async")          # warm up
+        t0 = time.perf_counter()
+        state = _run_steps(step, target[1], dparams, state, steps, loop)
+        walls[loop] = (time.perf_counter() - t0) / steps * 1e3
+    state = engine.prefill(target, drafter, su)
+    state = _run_steps(step, target[1], dparams, state, 2, "async")
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            _run_steps(step, target[1], dparams, state, steps, "engine")
+        kernels, procs = device_kernels(d)
+    rec = dict(method=method, budget=budget if method == "ddtree" else None, streams=len(prompts),
+               steps=steps, **{f"wall_{k}_ms": v for k, v in walls.items()},
+               kernels_per_step=len(kernels) / steps)
+    if not kernels and jax.default_backend() != "cpu":
+        rec["trace_processes"] = procs          # no device streams recognised: say what was there
+    if kernels:
+        busy = _intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in kernels]) / steps
+        by_name = collections.defaultdict(lambda: [0, 0.0])
+        for k in kernels:
+            by_name[k["name"]][0] += 1
+            by_name[k["name"]][1] += k["dur"]
+        ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+        rec.update(busy_ms=busy / 1e3, busy_fraction=busy / 1e3 / rec["wall_engine_ms"],
+                   top=[dict(name=n, per_step=c / steps, us_per_step=t / steps) for n, (c, t) in ranked])
+    return rec
+
+
+def main(argv):
+    del argv
+    dtype = jnp.dtype(_DTYPE.value)
+    target = dj.load_target(os.path.join(_PAIR.value, "target"), dtype=dtype)
+    drafter = dj.load_drafter(os.path.join(_PAIR.value, "drafter"), dtype=dtype)
+    prompts = data.load_prompts(os.path.join(_PAIR.value, "heldout_prompts.json"))
+    points = [(m, int(b)) for m in _METHODS.value
+              for b in (_BUDGETS.value if m == "ddtree" else [0])]
+    recs = []
+    for s in map(int, _STREAMS.value):
+        batch = [prompts[i % len(prompts)] for i in range(s)]
+        for method, budget in points:
+            r = profile_point(target, drafter, batch, method, budget, _STEPS.value, _TOP.value)
+            recs.append(r)
+            print(json.dumps(r), flush=True)
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+                           date=time.strftime("%Y-%m-%d"), points=recs), f, indent=1)
+    print("\n| streams | method | budget | ms/step: sync loop | engine loop | async | device-busy ms/step "
+          "| busy/engine | kernels/step |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in recs:
+        print(f"| {r['streams']} | {r['method']} | {r['budget'] or ''} | {r['wall_sync_ms']:.3f} | "
+              f"{r['wall_engine_ms']:.3f} | {r['wall_async_ms']:.3f} | "
+              f"{r.get('busy_ms', float('nan')):.3f} | {r.get('busy_fraction', float('nan')):.2f} | "
+              f"{r['kernels_per_step']:.0f} |")
+
+
+if __name__ == "__main__":
+    app.run(main)
