@@ -12,13 +12,14 @@ Per step, entirely on the device (one jitted function, state buffers donated):
           drafter's context; rejected entries are dropped by the lengths.
 Under `jax.set_mesh(mesh)` (ddtree_jax.sharding) the same step runs sharded and `shard_state` keeps
 the state's layout from step to step. The host loop (`decode`) only checks whether every stream is
-done, one step behind the device.
+done, a few steps behind the device, without making it wait.
 Stage times come from the same stage functions jitted one by one and timed on a snapshot of the
 final state.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
@@ -368,22 +369,25 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s)
 
 
-def decode(step, tparams, dparams, state: EngineState, max_steps: int) -> EngineState:
+def decode(step, tparams, dparams, state: EngineState, max_steps: int, max_lag: int = 3) -> EngineState:
     """The host loop: run `step` (a compiled `_step`) until every stream is done or `max_steps`.
 
-    The done flag of step i is read only after step i+1 has been dispatched, so the device never
-    waits for the host's round trip (on an H200 that wait was more than half of a small model's
-    step). The one step dispatched after the last useful one finds every stream done and changes
-    nothing but the step counter.
+    Each step's all-done flag starts its copy to the host when the step is dispatched; the host
+    reads a flag once the device has produced it and blocks only while `max_lag` flags are
+    outstanding, so the device never waits for the host's round trip (on an H200 that round trip
+    took more than half of the shipped pair's step). Steps dispatched after the last useful one
+    (at most `max_lag`) find every stream done and change nothing but the step counter.
     """
     if bool(np.all(np.asarray(state.done))):
         return state
-    state, finished = step(tparams, dparams, state)
-    for _ in range(max_steps - 1):
-        state, next_finished = step(tparams, dparams, state)
-        if bool(finished):
-            break
-        finished = next_finished
+    flags = collections.deque()
+    for _ in range(max_steps):
+        state, finished = step(tparams, dparams, state)
+        finished.copy_to_host_async()
+        flags.append(finished)
+        while flags and (len(flags) > max_lag or flags[0].is_ready()):
+            if bool(flags.popleft()):
+                return state
     return state
 
 
