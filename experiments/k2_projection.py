@@ -17,8 +17,6 @@ layers x attention - MoE layers x MoE - head) / layers. Implied efficiencies use
 from __future__ import annotations
 
 import json
-import statistics
-import time
 
 from absl import app, flags
 import jax
@@ -28,6 +26,7 @@ import numpy as np
 import ddtree_jax as dj
 from ddtree_jax import roofline as rf
 from ddtree_jax import sweep_io
+from ddtree_jax.bench_util import markdown_table, median_seconds
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import visibility_to_mask
 
@@ -91,16 +90,6 @@ def published_checks(dep: rf.Deployment, tau: rf.TauCurve) -> list[dict]:
     return rows
 
 
-def _time(fn, *args, reps: int) -> float:
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16, reps: int = 5) -> list[dict]:
     """Per (streams, budget): seconds of the forward, and per layer of attention / MoE / rest."""
     params = dj.init_target(cfg, jax.random.key(0), dtype=dtype)
@@ -121,19 +110,19 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
             pos = ctx + jnp.broadcast_to(jnp.arange(q, dtype=jnp.int32), (s, q))
             vis = jnp.broadcast_to(jnp.tril(jnp.ones((q, q), bool)), (s, q, q))
             fwd = jax.jit(lambda p, c: dj.forward(p, cfg, tokens, pos, c, visibility=vis).logits)
-            t_full = _time(fwd, params, cache, reps=reps)
+            t_full = median_seconds(fwd, params, cache, reps=reps)
             qa = jnp.asarray(rng.normal(0, 1, (s, q, h, dk)), dtype)
             mask = visibility_to_mask(vis)
             att = jax.jit(lambda qq, kv: attend(qq, kv, cache.lengths, mask, scale=cfg.softmax_scale,
                                                 v_dim=cfg.kv_lora_rank))
-            t_attn = _time(att, qa, cache.kv[0], reps=reps)
+            t_attn = median_seconds(att, qa, cache.kv[0], reps=reps)
             x = jnp.asarray(rng.normal(0, 1, (t, cfg.hidden_size)), dtype)
             ids = np.argsort(rng.random((t, cfg.n_routed_experts)), 1)[:, :cfg.num_experts_per_tok]
             ids = jnp.asarray(ids, jnp.int32)
             w = jnp.full(ids.shape, 1.0 / cfg.num_experts_per_tok, jnp.float32)
-            t_moe = _time(jax.jit(moe), x, ids, w, experts, reps=reps)
+            t_moe = median_seconds(jax.jit(moe), x, ids, w, experts, reps=reps)
             logits = jax.jit(lambda xx, hh: jnp.dot(xx, hh, preferred_element_type=jnp.float32))
-            t_head = _time(logits, x, head, reps=reps)
+            t_head = median_seconds(logits, x, head, reps=reps)
             n = cfg.num_hidden_layers
             rest = (t_full - n * t_attn - len(moe_layers) * t_moe - t_head) / n
             gpu, unit = rf.GPUS["H200"], rf.UNIT
@@ -143,13 +132,6 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
                              moe_eff_vs_h200=rf.moe_seconds(gpu, unit, cfg, t, 1) / t_moe,
                              attn_eff_vs_h200=rf.attention_seconds(gpu, unit, cfg, s, q, ctx, 1) / t_attn))
     return rows
-
-
-def _table(rows, cols) -> str:
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
-    out += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def main(argv):
@@ -176,13 +158,14 @@ def main(argv):
                 b.update({f"{k}_ms": v for k, v in b["parts_ms"].items()})
                 result["best"].append(b)
     print("Best budget per hardware (8 GPUs, full K2.6; parts in ms per step):")
-    print(_table(result["best"], ["gpu", "calibration", "streams", "budget", "tau", "tokens_per_second",
-                                  "ar_tokens_per_second", "speedup_over_ar", "step_ms", "attention_ms",
-                                  "moe_ms", "rest_ms", "comm_ms", "draft_ms", "tree_ms"]))
+    print(markdown_table(result["best"], ["gpu", "calibration", "streams", "budget", "tau",
+                                          "tokens_per_second", "ar_tokens_per_second", "speedup_over_ar",
+                                          "step_ms", "attention_ms", "moe_ms", "rest_ms", "comm_ms",
+                                          "draft_ms", "tree_ms"]))
     checks = published_checks(dep, tau)
     result["published_checks"] = checks
     print("\nAgainst published Kimi K2.6 on 8 RTX PRO 6000 (ratio = model / published):")
-    print(_table(checks, ["calibration", "check", "model", "published", "ratio", "why"]))
+    print(markdown_table(checks, ["calibration", "check", "model", "published", "ratio", "why"]))
     if _MEASURE.value:
         cfg = dj.ModelConfig.preset(_PRESET.value)
         rows = measure(cfg, [int(b) for b in _M_BUDGETS.value], [int(s) for s in _M_STREAMS.value],
@@ -191,7 +174,7 @@ def main(argv):
         result["measured"] = rows
         print(f"\nMeasured on {jax.devices()[0].device_kind}, preset {_PRESET.value} "
               f"({cfg.num_hidden_layers} layers), ms (attention / MoE / rest per layer):")
-        print(_table(rows, list(rows[0])))
+        print(markdown_table(rows, list(rows[0])))
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(result, f, indent=1, default=str)

@@ -17,7 +17,6 @@ warm-up. Reported: ms per step and verified tokens/s = S*(B+1) / step time. Mult
 from __future__ import annotations
 
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from absl import app, flags
 
 import ddtree_jax as dj
 from ddtree_jax import sharding
+from ddtree_jax.bench_util import median_seconds
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "k2_slice", "ModelConfig preset")
@@ -59,16 +59,6 @@ def _inputs(cfg, taps, streams: int, budget: int, dtype, seed: int = 0):
     return tokens, positions, cache, tree.visibility
 
 
-def _time(fn, *args) -> float:
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(FLAGS.reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
 def main(argv):
     del argv
     sharding.initialize_from_flags()
@@ -87,7 +77,8 @@ def main(argv):
             for budget in (int(b) for b in FLAGS.budgets):
                 for streams in (int(s) for s in FLAGS.streams):
                     args = _inputs(cfg, taps, streams, budget, dtype)
-                    t = _time(functools.partial(_verify, cfg=cfg, taps=taps), params, *args)
+                    t = median_seconds(functools.partial(_verify, cfg=cfg, taps=taps), params, *args,
+                                       reps=FLAGS.reps)
                     print(f"| {n} | {budget} | {streams} | {t * 1e3:.2f} | "
                           f"{streams * (budget + 1) / t:.0f} |", flush=True)
         del params

@@ -1,0 +1,67 @@
+"""experiments/k2_step_bench.py: the smoke run on the CPU (tiny preset) and its bookkeeping."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import k2_step_bench as kb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_run_tiny_one_device(tmp_path):
+    """One point with every stage and part timed; the split adds up to the verify, the projection
+    and the memory plans are there, the JSON is written."""
+    out = tmp_path / "k2.json"
+    result = kb.run(kb.Options(preset="tiny", layers=2, devices=(1,), budgets=(2,), streams=(1,), context=8,
+                               reps=1, inner=1, out=str(out)))
+    assert json.loads(out.read_text())["points"] == json.loads(json.dumps(result["points"], default=str))
+    (row,) = result["points"]
+    assert row["tokens"] == 3 and row["tokens_per_s"] == pytest.approx(3 / (row["verify_ms"] * 1e-3))
+    for stage in ("verify", "draft", "tree", "accept", "attention", "moe", "dense", "head"):
+        assert row[f"{stage}_ms"] > 0, stage
+    # 2 layers: layer 0 dense, layer 1 MoE; the full tiny has 3 (one dense, two MoE)
+    layers = 2 * (row["attention_ms"] + row["rest_ms"]) + row["moe_ms"] + row["dense_ms"] + row["head_ms"]
+    assert layers == pytest.approx(row["verify_ms"])
+    assert row["full_extrapolated_ms"] == pytest.approx(
+        3 * (row["attention_ms"] + row["rest_ms"]) + 2 * row["moe_ms"] + row["dense_ms"] + row["head_ms"])
+    assert row["verify_ratio"] == pytest.approx(row["verify_ms"] / row["proj_verify_ms"])
+    assert row["proj_verify_ms"] > 0 and row["full_projected_ms"] > row["proj_verify_ms"]
+    assert len(result["memory"]["full_plans"]) == 10 and result["memory"]["full_smallest_fit"]["fits"]
+    assert result["compile_s"]["1"]["programs"] == 9 and not result["skipped"]
+
+
+def test_plan_only_needs_no_devices():
+    result = kb.run(kb.Options(preset="tiny", devices=(8,), budgets=(4,), streams=(2,), plan_only=True))
+    assert result["memory"]["run_plan_8"]["mesh"] == "1x1x8" and not result["points"]
+    assert result["memory"]["full_plans"][0]["fits"]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="--layers must lie in"):
+        kb.build_configs("tiny", 4, True)
+    with pytest.raises(ValueError, match="--budgets must be"):
+        kb._ints("budgets", ["4", "x"])
+    with pytest.raises(ValueError, match="exceeds the"):
+        kb.run(kb.Options(preset="tiny", devices=(64,)))
+    with pytest.raises(ValueError, match="--reps and --inner"):
+        kb.run(kb.Options(preset="tiny", reps=0))
+
+
+@pytest.mark.slow
+def test_smoke_command_two_devices(tmp_path):
+    """The documented CPU smoke command, 1- and 2-way sharded."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+               XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0")
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run(
+        [sys.executable, "experiments/k2_step_bench.py", "--preset=tiny", "--devices=1,2", "--budgets=4",
+         "--streams=1,2", "--reps=2", f"--out={out}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    points = json.loads(out.read_text())["points"]
+    assert sorted((p["devices"], p["streams"]) for p in points) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("| 2 | 4 | 2 |")
