@@ -12,10 +12,12 @@ precedes its children, so the set is prefix-closed and equals a heap's best-firs
 Parallel exact form (DESIGN.md section 2): per depth, extend the previous depth's top-B prefixes by
 this depth's top-K tokens (K = min(B, V)) and keep the top B; then merge the L sorted lists. With
 parents and children each sorted, pair (parent slot i, rank j) can only be in a depth's top B when
-(i+1)(j+1) <= B, so a depth's candidates number about B ln B rather than B*K. The merge ranks each
-entry by binary search in the other depths' lists. Everything is static-shaped and jit-able.
-Under a mesh the vocabulary top-K is taken per vocabulary shard and merged
-(`sharding.topk_logsumexp`), so [S, L, V] never leaves its shards.
+(i+1)(j+1) <= B, so a depth's candidates number about B ln B rather than B*K. Everything is
+static-shaped and jit-able: the vocabulary top-K ("topk_logsumexp" kernel operation) and the
+search plus assembly ("tree_search", `pallas_kernels.tree_search`), both in the implementation
+that `topk_impl` names ("auto": Pallas on a GPU, XLA elsewhere). Under a mesh the vocabulary top-K
+is taken per vocabulary shard and merged (`sharding.topk_logsumexp`), so [S, L, V] never leaves
+its shards.
 
 Padding nodes (index > num_nodes, only when fewer than B distinct prefixes exist): token 0,
 depth 0, parent -1, score -inf; each sees only itself and nothing sees it.
@@ -32,8 +34,11 @@ import numpy as np
 
 from ddtree_jax import sharding
 from pallas_kernels import registry
+from pallas_kernels.tree_search import num_real_nodes
+from pallas_kernels.tree_search.xla import LOGP_FLOOR, ancestors, pack_bits
 
-LOGP_FLOOR = -1e30
+__all__ = ["LOGP_FLOOR", "Tree", "ancestors", "build_tree", "build_tree_from_logprobs",
+           "follow_tree", "num_real_nodes", "pack_bits"]
 
 
 @functools.partial(jax.tree_util.register_dataclass,
@@ -61,15 +66,6 @@ class Tree:
     max_depth: int
 
 
-def num_real_nodes(L: int, V: int, budget: int) -> int:
-    """Nodes a tree of `budget` holds: min(budget, sum_d min(budget, V**d))."""
-    total, n = 0, 1
-    for _ in range(L):
-        n = min(budget, n * V)
-        total += n
-    return min(budget, total)
-
-
 def _check_budget(budget) -> None:
     if not isinstance(budget, (int, np.integer)) or isinstance(budget, bool) or budget < 1:
         raise ValueError(f"budget must be an int >= 1; got {budget!r}")
@@ -89,7 +85,8 @@ def _check_logits(x, name: str) -> None:
 def build_tree(draft_logits: jax.Array, budget: int, *, topk_impl: str = "auto") -> Tree:
     """draft_logits [S, L, V] -> Tree of the `budget` best prefixes (see the module docstring).
 
-    Non-finite logits are rejected when the array is concrete (not under a trace).
+    topk_impl names the kernel implementation of the top-K and of the tree search. Non-finite
+    logits are rejected when the array is concrete (not under a trace).
     """
     _check_budget(budget)
     _check_logits(draft_logits, "draft_logits")
@@ -109,103 +106,14 @@ def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
     K = min(budget, V)
     flat = x.astype(jnp.float32).reshape(S * L, V)
     if given_logprobs:
-        vals, tok = registry.get("topk", impl)(flat, K)
+        (vals, tok), lse = registry.get("topk", impl)(flat, K), None
     else:
         vals, tok, lse = sharding.topk_logsumexp(registry.get("topk_logsumexp", impl), flat, K)
-        vals = vals - lse[:, None]
-    logp = jnp.maximum(vals, LOGP_FLOOR).reshape(S, L, K)
-    tok = tok.reshape(S, L, K)
-    scores, tokens, par_slot = _per_depth_best(logp, tok, budget)
-    return _assemble(scores, tokens, par_slot, budget, num_real_nodes(L, V, budget))
-
-
-def _pad_to(a, n: int, value):
-    return jnp.pad(a, ((0, 0), (0, n - a.shape[1])), constant_values=value)
-
-
-def _per_depth_best(logp, tok, budget: int):
-    """Top-`budget` prefixes of each depth, each list sorted in node order.
-
-    Returns scores [S, L, B] (-inf past the n_d real ones), tokens [S, L, B], parent slots
-    [S, L, B] (index into the previous depth's list; -1 at depth 1).
-    """
-    S, L, K = logp.shape
-    sc = _pad_to(logp[:, 0], budget, -jnp.inf)
-    scores, tokens, slots = [sc], [_pad_to(tok[:, 0], budget, 0)], [jnp.full((S, budget), -1)]
-    n_prev = K
-    for d in range(1, L):
-        n = min(budget, n_prev * K)
-        # Row-major (parent slot, rank) pairs that can reach the top `budget`: index order = ties.
-        pi, pj = np.nonzero((np.arange(n_prev)[:, None] + 1) * (np.arange(K)[None, :] + 1)
-                            <= budget)
-        cand = sc[:, pi] + logp[:, d, pj]
-        sc, best = jax.lax.top_k(cand, n)
-        sc = _pad_to(sc, budget, -jnp.inf)
-        scores.append(sc)
-        tokens.append(_pad_to(tok[:, d, pj][jnp.arange(S)[:, None], best], budget, 0))
-        slots.append(_pad_to(jnp.asarray(pi, jnp.int32)[best], budget, -1))
-        n_prev = n
-    return jnp.stack(scores, 1), jnp.stack(tokens, 1), jnp.stack(slots, 1)
-
-
-def _assemble(scores, tokens, par_slot, budget: int, num_nodes: int) -> Tree:
-    """Merge the per-depth lists into node order and build parents, visibility and masks."""
-    S, L, B = scores.shape
-    N = budget + 1
-    # Position of each entry in the merged order: its slot, plus the entries of earlier depths
-    # scoring >= it, plus those of later depths scoring > it. Padding (-inf) counts nowhere.
-    neg = -scores  # ascending per depth
-    def count(side):  # [s, d', d, j]: entries of depth d' scoring >= (right) or > (left) x[d, j]
-        ss = functools.partial(jnp.searchsorted, side=side, method="scan_unrolled")
-        return jax.vmap(jax.vmap(ss, (0, None)))(neg, neg.reshape(S, L * B)).reshape(S, L, L, B)
-
-    ge, gt = count("right"), count("left")
-    earlier = np.arange(L)[:, None] < np.arange(L)[None, :]  # [d', d]
-    later = np.arange(L)[:, None] > np.arange(L)[None, :]
-    rank = (jnp.arange(B)[None, None, :]
-            + jnp.sum(jnp.where(earlier[None, :, :, None], ge, 0), 1)
-            + jnp.sum(jnp.where(later[None, :, :, None], gt, 0), 1))
-    rank = jnp.where(jnp.isfinite(scores) & (rank < num_nodes), rank, N)  # N: dropped
-    node = rank + 1  # node index of each entry (N + 1 when not in the tree)
-    parent = jnp.concatenate(
-        [jnp.zeros((S, 1, B), jnp.int32),
-         jnp.take_along_axis(node[:, :-1], jnp.maximum(par_slot[:, 1:], 0), axis=2)], axis=1)
-    depth = jnp.broadcast_to(jnp.arange(1, L + 1, dtype=jnp.int32)[None, :, None], (S, L, B))
-
-    def scatter(vals, fill, dtype):
-        out = jnp.full((S, N), fill, dtype)
-        return out.at[jnp.arange(S)[:, None], node.reshape(S, L * B)].set(
-            vals.reshape(S, L * B).astype(dtype), mode="drop")
-
-    parents = scatter(parent, -1, jnp.int32)
-    node_tokens = scatter(tokens, 0, jnp.int32)[:, 1:]
-    depths = scatter(depth, 0, jnp.int32)[:, 1:]
-    node_scores = scatter(scores, -jnp.inf, jnp.float32)[:, 1:]
-    visibility = ancestors(parents, L)
-    return Tree(tokens=node_tokens, depths=depths, parents=parents,
-                num_nodes=jnp.full((S,), num_nodes, jnp.int32), visibility=visibility,
-                node_mask=pack_bits(visibility), scores=node_scores, max_depth=L)
-
-
-def ancestors(parents, max_depth: int):
-    """parents [S, N] (-1 = none) -> bool [S, N, N]: row i marks i and its ancestors."""
-    S, N = parents.shape
-    hop = jnp.arange(N, dtype=jnp.int32)[None, :].repeat(S, 0)
-    cols = jnp.arange(N, dtype=jnp.int32)
-    vis = hop[:, :, None] == cols
-    for _ in range(max_depth):
-        hop = jnp.where(hop >= 0, jnp.take_along_axis(parents, jnp.maximum(hop, 0), 1), -1)
-        vis = vis | (hop[:, :, None] == cols)
-    return vis
-
-
-def pack_bits(vis):
-    """bool [S, N, N] -> int32 [S, N, ceil(N/32)]: bit t%32 of word t//32 of row i = vis[:, i, t]."""
-    S, N, _ = vis.shape
-    W = -(-N // 32)
-    v = jnp.pad(vis, ((0, 0), (0, 0), (0, W * 32 - N))).reshape(S, N, W, 32).astype(jnp.uint32)
-    words = jnp.sum(v << jnp.arange(32, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
-    return jax.lax.bitcast_convert_type(words, jnp.int32)
+        lse = lse.reshape(S, L)
+    fields = registry.get("tree_search", impl)(vals.reshape(S, L, K), tok.reshape(S, L, K), lse,
+                                               budget)
+    return Tree(**fields, num_nodes=jnp.full((S,), num_real_nodes(L, V, budget), jnp.int32),
+                max_depth=L)
 
 
 def follow_tree(tree: Tree, posterior: jax.Array):

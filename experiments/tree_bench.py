@@ -1,18 +1,26 @@
 """Benchmark build_tree (on-device DDTree) against the reference way (GPU top-k + a heap per stream).
 
     PYTHONPATH=. python experiments/tree_bench.py --out=/tmp/tree_bench.md
+    PYTHONPATH=. python experiments/tree_bench.py --peak=12  # a confident drafter: deeper trees
     PYTHONPATH=. python experiments/tree_bench.py --vocab=4096 --budgets=16,64 --streams=1,2  # CPU
 
 First checks, on the benchmark's own inputs: the Pallas top-k equals jax.lax.top_k, and build_tree
-through each top-k equals build_tree through the other. Then times, per (streams S, budget B):
-  - topk:      the vocabulary top-K (K = min(B, V)) + logsumexp of the S*L rows, per implementation;
-  - build:     the whole build_tree (tokens, parents, visibility, bit masks), per implementation;
-  - reference: jax.lax.top_k + log-softmax values on the device, copied to the host, then the
-               literal heap search per stream (ddtree_jax.reference.tree_ref.search_ref).
+through each implementation equals build_tree through the others. Then times, per (streams S,
+budget B) and implementation ("xla" or "pallas_triton", the same for every part):
+  - top-k + lse: the vocabulary top-K (K = min(B, V)) + logsumexp of the S*L rows;
+  - search:      the per-depth search from those (`pallas_kernels.tree_search.stages`' first half);
+  - assemble:    from the search's state to the tree fields (the second half);
+  - build_tree:  the whole of it, one jitted call (about the sum of the three parts);
+  - reference:   jax.lax.top_k + log-softmax values on the device, copied to the host, then the
+                 literal heap search per stream (ddtree_jax.reference.tree_ref.search_ref).
+The search stops at the first depth with no prefix that can still enter the tree, so its time
+depends on the tree's depth (printed with the checks): N(0, scale^2) logits give shallow trees,
+--peak gives deep ones.
 Device time of an on-device stage = (t(n) - t(1)) / (n - 1), where t(n) is the median wall time of
 one jitted call running the stage on n distinct inputs back to back: this removes the host
 dispatch cost (~56 us on an H200) that a single call carries. The reference is host wall time.
-Draft logits are random normal * --logit_scale (not real drafter logits).
+Draft logits are random normal * --logit_scale, plus --peak on one random token per (stream,
+depth) (not real drafter logits).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from absl import app, flags
 
 from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref
-from pallas_kernels import registry, topk  # noqa: F401  (topk registers its implementations)
+from pallas_kernels import registry, topk, tree_search  # noqa: F401  (registering)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("budgets", ["64", "256", "1024"], "tree budgets")
@@ -37,7 +45,8 @@ flags.DEFINE_list("streams", ["1", "16"], "stream counts S")
 flags.DEFINE_integer("depth", 15, "draft depth L")
 flags.DEFINE_integer("vocab", 163840, "vocabulary V")
 flags.DEFINE_float("logit_scale", 3.0, "draft logits ~ N(0, scale^2)")
-flags.DEFINE_list("impls", ["xla", "pallas_triton"], "top-k implementations to time")
+flags.DEFINE_float("peak", 0.0, "added to one random token's logit per (stream, depth)")
+flags.DEFINE_list("impls", ["xla", "pallas_triton"], "kernel implementations to time")
 flags.DEFINE_integer("n", 4, "inputs per timed call (device time from t(n) - t(1))")
 flags.DEFINE_integer("reps", 15, "timed repetitions (median)")
 flags.DEFINE_integer("ref_reps", 3, "repetitions of the host reference (median)")
@@ -62,6 +71,32 @@ def _device_time(stage, xs, reps: int) -> float:
     t_n = _median_wall(many, xs, reps=reps)
     t_1 = _median_wall(one, xs, reps=reps)
     return max(t_n - t_1, 0.0) / (len(xs) - 1)
+
+
+def _logits(key, S: int, L: int, V: int):
+    k1, k2 = jax.random.split(key)
+    x = FLAGS.logit_scale * jax.random.normal(k1, (S, L, V), jnp.float32)
+    hot = jax.random.randint(k2, (S, L, 1), 0, V)
+    return x + FLAGS.peak * (jnp.arange(V) == hot)
+
+
+def _part_times(impl: str, xs, budget: int):
+    """Device seconds of (top-k + lse, search, assemble) of `impl`, each on its own inputs."""
+    S, L, V = xs[0].shape
+    K = min(budget, V)
+    topk_fn = registry.get("topk_logsumexp", impl)
+    search, assemble = tree_search.stages(impl)
+
+    def top(x):
+        v, i, lse = topk_fn(x.reshape(S * L, V), K)
+        return v.reshape(S, L, K), i.reshape(S, L, K), lse.reshape(S, L)
+
+    tops = [jax.jit(top)(x) for x in xs]
+    states = [jax.jit(search, static_argnums=3)(*t, budget) for t in tops]
+    num_nodes = tree_search.num_real_nodes(L, V, budget)
+    return (_device_time(top, xs, FLAGS.reps),
+            _device_time(lambda t: search(*t, budget), tops, FLAGS.reps),
+            _device_time(lambda st: assemble(st, num_nodes), states, FLAGS.reps))
 
 
 def _reference(x, budget: int):
@@ -89,14 +124,14 @@ def main(_):
     L, V = FLAGS.depth, FLAGS.vocab
     dev = jax.devices()[0]
     header = (f"device: {dev.device_kind} ({jax.default_backend()}); jax {jax.__version__}; "
-              f"python {platform.python_version()}; L={L}, V={V}, logits N(0,{FLAGS.logit_scale}^2), "
+              f"python {platform.python_version()}; L={L}, V={V}, logits N(0,{FLAGS.logit_scale}^2)"
+              f" + peak {FLAGS.peak}, "
               f"n={FLAGS.n}, reps={FLAGS.reps}")
     print(header, flush=True)
     rows = []
     key = jax.random.key(0)
     for S in map(int, FLAGS.streams):
-        xs = [FLAGS.logit_scale * jax.random.normal(k, (S, L, V), jnp.float32)
-              for k in jax.random.split(jax.random.fold_in(key, S), FLAGS.n)]
+        xs = [_logits(k, S, L, V) for k in jax.random.split(jax.random.fold_in(key, S), FLAGS.n)]
         for B in map(int, FLAGS.budgets):
             K = min(B, V)
             flat = xs[0].reshape(S * L, V)
@@ -118,31 +153,34 @@ def main(_):
             ref_par, ref_tok = _reference(xs[0], B)
             agree = float(np.mean(np.asarray(t0.tokens) == ref_tok))
             print(f"S={S} B={B}: build_tree tokens == host reference: {agree:.4f} "
-                  f"(parents equal: {np.array_equal(np.asarray(t0.parents), ref_par)})", flush=True)
+                  f"(parents equal: {np.array_equal(np.asarray(t0.parents), ref_par)}); tree depth "
+                  f"max {int(jnp.max(t0.depths))}, mean {float(jnp.mean(t0.depths)):.2f}",
+                  flush=True)
             # Timing.
             for impl in FLAGS.impls:
-                topk_fn = registry.get("topk_logsumexp", impl)
-                t_topk = _device_time(lambda x: topk_fn(x.reshape(S * L, V), K), xs, FLAGS.reps)
-                t_build = _device_time(
-                    lambda x: T._build(x, B, impl, False).node_mask, xs, FLAGS.reps)
+                parts = _part_times(impl, xs, B)
+                t_build = _device_time(lambda x: T._build(x, B, impl, False), xs, FLAGS.reps)
                 t_call = _median_wall(lambda x: T._build(x, B, impl, False), xs[0], reps=FLAGS.reps)
-                rows.append((S, B, impl, t_topk, t_build, t_call))
-                print(f"S={S} B={B} {impl}: topk {t_topk*1e6:.1f} us, build_tree {t_build*1e6:.1f}"
-                      f" us device, {t_call*1e6:.1f} us per single call", flush=True)
+                rows.append((S, B, impl, *parts, t_build, t_call))
+                print(f"S={S} B={B} {impl}: top-k + lse {parts[0]*1e6:.1f}, search "
+                      f"{parts[1]*1e6:.1f}, assemble {parts[2]*1e6:.1f}, build_tree "
+                      f"{t_build*1e6:.1f} us device, {t_call*1e6:.1f} us per single call",
+                      flush=True)
             times = []
             for _ in range(FLAGS.ref_reps + 1):
                 t1 = time.perf_counter()
                 _reference(xs[0], B)
                 times.append(time.perf_counter() - t1)
             t_ref = statistics.median(times[1:])
-            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, t_ref))
+            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, None, None, t_ref))
             print(f"S={S} B={B} reference: {t_ref*1e6:.1f} us per call", flush=True)
     fmt = lambda t: "" if t is None else f"{t * 1e6:.1f}"  # noqa: E731
-    table = ["| S | budget | top-k impl | top-k + lse, device us | build_tree, device us "
-             "| one call, wall us |", "|---|---|---|---|---|---|"]
-    table += [f"| {S} | {B} | {impl} | {fmt(a)} | {fmt(b)} | {fmt(c)} |"
-              for S, B, impl, a, b, c in rows]
-    text = header + "\n\n" + "\n".join(table) + "\n"
+    table = ["| S | budget | impl | top-k + lse | search | assemble | build_tree "
+             "| one call, wall |", "|---|---|---|---|---|---|---|---|"]
+    table += [f"| {S} | {B} | {impl} | " + " | ".join(map(fmt, times)) + " |"
+              for S, B, impl, *times in rows]
+    text = (header + "\n\nDevice time per call in us (one call: host wall time in us).\n\n"
+            + "\n".join(table) + "\n")
     print(text)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:

@@ -1,18 +1,21 @@
 """Pallas:Triton top-k by threshold selection: x is read once in full, then only ~k*G elements.
 
 Row x [V] is viewed as M = ceil(V/G) groups of G consecutive entries (G a power of two <= 16 with
-M >= 2k where V allows). Four kernels:
-  1. group max  (grid R x M/blk): gm [R, M] = per-group max, plus per-block (max, sum exp) partials
-                                  for the row logsumexp. The only full pass over x.
-  2. group pick (grid R):         the k groups first in (gm desc, group asc) order. They hold the
-                                  whole top-k: an element outside them is preceded by each of
-                                  those k groups' maxima. Exactly k group ids, ascending.
-  3. candidate pick (grid R):     gathers the k*G candidates and keeps exactly k: all above the
-                                  k-th largest value t, then the lowest-index entries equal to t.
-  4. rank sort  (grid R x k/blk): each kept entry's rank among the k (value desc, index asc) is its
-                                  output slot.
-Order statistics are exact: floats map to int32 keys with the same order (-0.0 == 0.0) and the
-k-th largest key is built bit by bit from 32 counting passes over data held in registers.
+M >= 2k where V allows). Two kernels:
+  1. group max (grid R x M/blk): gm [R, M] = per-group max, plus per-block (max, sum exp) partials
+                                 for the row logsumexp. The only full pass over x.
+  2. select    (grid R):         one program per row, three steps with a barrier between them:
+     groups:   a superset of the k groups first in (gm desc, group asc) order, at most 2*kp of
+               them (kp = k rounded up to a power of two). Those k groups hold the whole top-k: an
+               element outside them is preceded by each of their maxima.
+     elements: their k..kp elements first in (value desc, index asc) order.
+     rank:     each one's rank among those by pairwise counting; the first k are the output.
+Every step keeps a set that is a prefix of the (key desc, position asc) order: all keys > t plus
+the keys == t before a cut, found by bisection over order-preserving int32 keys (-0.0 == 0.0),
+stopping as soon as the set size lies in [k, cap] (`superset`). Sets are compacted in position
+order with an exclusive cumsum and scattered through global scratch, so a later step reads them
+densely; `rank_by_counting` then needs no tie-break beyond the position. Exact for any input
+without NaN; data-dependent loop counts only change the time.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from pallas_kernels import registry
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 _INT_MIN = -(2**31)
+_INT_MAX = 2**31 - 1
 _CHUNK = 8192  # entries of x per program of the group-max pass
-_RANK_BLOCK = 128  # rows and columns of one comparison tile in the rank sort
+RANK_PAIRS = 16384  # entries of one pairwise comparison tile in `rank_by_counting`
+_NOWHERE = 2**30  # index of a masked-off scattered lane: out of range, so interpret mode drops it
 
 
-def _pow2_at_least(n: int) -> int:
+def pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -42,43 +47,99 @@ def group_size(V: int, k: int) -> int:
     return g
 
 
-def _keys(v):
+def keys(v):
     """float32 -> int32 keys whose signed order is the float order, with -0.0 == 0.0."""
     bits = jax.lax.bitcast_convert_type(v, jnp.int32)
     return jnp.where(v == 0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
 
 
-def _kth_largest_key(keys, valid, k: int):
-    """The k-th largest of keys[valid] (by multiplicity): bit by bit, 32 counting passes."""
-
-    def body(i, biased):
-        cand = biased | jnp.left_shift(jnp.int32(1), 31 - i)
-        count = jnp.sum(jnp.where(valid & (keys >= (cand ^ _INT_MIN)), 1, 0))
-        return jnp.where(count >= k, cand, biased)
-
-    return jax.lax.fori_loop(0, 32, body, jnp.int32(0)) ^ _INT_MIN
+def _count(mask):
+    return jnp.sum(jnp.where(mask, 1, 0))
 
 
-def _first_k_mask(keys, valid, t, k: int, exclusive_rank):
-    """Mask of exactly k entries: keys > t, then the first ties (keys == t) in index order."""
-    above = valid & (keys > t)
-    tie = valid & (keys == t)
-    need = k - jnp.sum(jnp.where(above, 1, 0))
-    return above | (tie & (exclusive_rank(tie) < need))
+def superset(key, valid, order, k: int, cap: int, lo=None):
+    """(lo, cut, n): the set valid & (key > lo | key == lo & order < cut) holds the first n
+    entries in (key desc, order asc) order, with k <= n <= cap when valid holds >= k entries (all
+    of them when it holds <= cap). `order` must be distinct per entry and < 2**31 - 1; `lo`, when
+    given, must have at least k valid keys >= it. Bisection over the keys, then over the cut when
+    more than `cap` keys tie at the k-th largest."""
+
+    def narrow(c):  # invariant: count(>= lo) = c[2] >= k > count(>= hi)
+        lo, hi, _ = c
+        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
+        n = _count(valid & (key >= mid))
+        up = n >= k
+        return jnp.where(up, mid, lo), jnp.where(up, hi, mid), jnp.where(up, n, c[2])
+
+    def select():
+        lo0 = jnp.min(jnp.where(valid, key, _INT_MAX)) if lo is None else lo
+        hi = jnp.max(jnp.where(valid, key, _INT_MIN)) + 1  # nothing is >= hi
+        n0 = n_valid if lo is None else _count(valid & (key >= lo0))
+        lo1, _, n = jax.lax.while_loop(lambda c: (c[2] > cap) & (c[0] < c[1] - 1), narrow,
+                                       (lo0, hi, n0))
+        above, tie = valid & (key > lo1), valid & (key == lo1)
+
+        def cut_ties(c):  # only when lo1 is the k-th largest: count(cut a) < k < cap < count(b)
+            a, b, _ = c
+            mid = (a >> 1) + (b >> 1) + (a & b & 1)
+            n = _count(above | (tie & (order < mid)))
+            up = n >= k
+            return jnp.where(up, a, mid), jnp.where(up, mid, b), jnp.where(up, n, c[2])
+
+        _, cut, n = jax.lax.while_loop(lambda c: c[2] > cap, cut_ties,
+                                       (jnp.int32(0), jnp.int32(_INT_MAX), n))
+        return lo1, cut, n
+
+    n_valid = _count(valid)
+    zero = 0 * n_valid  # lo, cut of "all": computed, Pallas:Triton's cond cannot yield literals
+    return jax.lax.cond(n_valid > cap, select, lambda: (zero + _INT_MIN, zero + _INT_MAX, n_valid))
 
 
-def _exclusive_cumsum_1d(m):
+def in_superset(key, valid, order, lo, cut):
+    return valid & ((key > lo) | ((key == lo) & (order < cut)))
+
+
+def exclusive_cumsum(m):
+    """Row-major exclusive prefix count of a 1-D or 2-D mask."""
     m = m.astype(jnp.int32)
-    return jnp.cumsum(m) - m
-
-
-def _exclusive_cumsum_2d(m):
-    """Row-major exclusive prefix count of a [A, B] mask."""
-    m = m.astype(jnp.int32)
+    if m.ndim == 1:
+        return jnp.cumsum(m) - m
     within = jnp.cumsum(m, axis=1)
     totals = jnp.sum(m, axis=1)
     before_row = jnp.cumsum(totals) - totals
     return before_row[:, None] + within - m
+
+
+def rank_by_counting(v, n, load_tile, tile: int):
+    """Rank of each of the first n entries of a dense list in (value desc, position asc) order.
+
+    v [P] float32: the list's entries in registers (entry e at position e); load_tile(t) -> the
+    values at positions t*tile .. t*tile + tile - 1 (beyond n: anything). Only ceil(n/tile) tiles
+    are visited. Ranks of positions >= n are meaningless.
+    """
+    e = jnp.arange(v.shape[0])
+
+    def body(t, rank):
+        f = t * tile + jnp.arange(tile)
+        fv = load_tile(t)
+        before = jnp.where(f[None, :] < e[:, None], fv[None, :] >= v[:, None],
+                           fv[None, :] > v[:, None])
+        return rank + jnp.sum(jnp.where(before & (f < n)[None, :], 1, 0), axis=1)
+
+    return jax.lax.fori_loop(0, (n + tile - 1) // tile, body, jnp.zeros(v.shape, jnp.int32))
+
+
+def at(pos, mask):
+    """Scatter index: pos where mask, else out of range (interpret mode writes masked-off lanes
+    back unless their index is out of range, and in-range duplicates would race)."""
+    return jnp.where(mask, pos, _NOWHERE)
+
+
+def barrier(interpret: bool) -> None:
+    """Make this program's global stores visible to all its threads (a no-op when interpreted:
+    the interpreter runs the program's statements in order)."""
+    if not interpret:
+        plgpu.debug_barrier()
 
 
 def _group_max_kernel(x_ref, gm_ref, *lse_refs, num_groups: int, block: int):
@@ -96,59 +157,66 @@ def _group_max_kernel(x_ref, gm_ref, *lse_refs, num_groups: int, block: int):
     plgpu.store(ps_ref.at[r, pl.ds(c, 1)], jnp.full((1,), jnp.sum(jnp.exp(x - m_safe))))
 
 
-def _group_pick_kernel(gm_ref, gid_ref, *, num_groups: int, padded: int, k: int):
+def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: int, k: int,
+                   interpret: bool):
+    if num_blocks:
+        pm_ref, ps_ref, v_ref, i_ref, lse_ref, gsel_ref, cv_ref, ci_ref = refs
+    else:
+        v_ref, i_ref, gsel_ref, cv_ref, ci_ref = refs
     r = pl.program_id(0)
-    g = jnp.arange(padded)
-    valid = g < num_groups
-    keys = _keys(plgpu.load(gm_ref.at[r, pl.ds(0, padded)], mask=valid, other=0.0))
-    t = _kth_largest_key(keys, valid, k)
-    sel = _first_k_mask(keys, valid, t, k, _exclusive_cumsum_1d)
-    pos = jnp.where(sel, _exclusive_cumsum_1d(sel), k + g)  # unselected: distinct, out of range
-    plgpu.store(gid_ref.at[r, pos], g, mask=sel)
-
-
-def _candidate_pick_kernel(x_ref, gid_ref, v_ref, i_ref, *, k: int, kp: int, g: int):
-    r = pl.program_id(0)
-    row_ok = jnp.arange(kp) < k
-    gid = plgpu.load(gid_ref.at[r, pl.ds(0, kp)], mask=row_ok, other=0)
+    if num_blocks:  # row logsumexp from the group-max pass's partials
+        ok = jnp.arange(pow2_at_least(num_blocks)) < num_blocks
+        pm = plgpu.load(pm_ref.at[r, jnp.arange(ok.shape[0])], mask=ok, other=-jnp.inf)
+        ps = plgpu.load(ps_ref.at[r, jnp.arange(ok.shape[0])], mask=ok, other=0.0)
+        m = jnp.max(pm)
+        plgpu.store(lse_ref.at[pl.ds(r, 1)],
+                    jnp.full((1,), m + jnp.log(jnp.sum(ps * jnp.exp(pm - m)))))
+    kp = pow2_at_least(k)
+    capg = gsel_ref.shape[1]
+    # Groups: a prefix of (gm desc, group asc) holding the first k groups, at most capg of them.
+    gidx = jnp.arange(pow2_at_least(num_groups))
+    gval = gidx < num_groups
+    gkey = keys(plgpu.load(gm_ref.at[r, gidx], mask=gval, other=0.0))
+    lo, cut, ng = superset(gkey, gval, gidx, k, capg)
+    sel = in_superset(gkey, gval, gidx, lo, cut)
+    plgpu.store(gsel_ref.at[r, at(exclusive_cumsum(sel), sel)], gidx, mask=sel)
+    barrier(interpret)
+    # Elements of those groups (ascending group, so position order = index order): the first
+    # k..kp. Each chosen group's max is >= lo, so at least k keys are >= lo.
+    row_ok = jnp.arange(capg) < ng
+    gid = plgpu.load(gsel_ref.at[r, jnp.arange(capg)], mask=row_ok, other=0)
     x = plgpu.load(x_ref.at[r, gid[:, None], jnp.arange(g)[None, :]], mask=row_ok[:, None],
                    other=-jnp.inf)
     idx = gid[:, None] * g + jnp.arange(g)[None, :]
-    valid = jnp.broadcast_to(row_ok[:, None], (kp, g))
-    keys = _keys(x)
-    t = _kth_largest_key(keys, valid, k)
-    sel = _first_k_mask(keys, valid, t, k, _exclusive_cumsum_2d)
-    pos = jnp.where(sel, _exclusive_cumsum_2d(sel), k + jnp.arange(kp)[:, None] * g
-                    + jnp.arange(g)[None, :])
-    plgpu.store(v_ref.at[r, pos], x, mask=sel)
-    plgpu.store(i_ref.at[r, pos], idx, mask=sel)
-
-
-def _rank_sort_kernel(v_ref, i_ref, _v0_ref, _i0_ref, vo_ref, io_ref, *, k: int, kp: int,
-                      block: int):
-    r, c = pl.program_id(0), pl.program_id(1)
-    mine = c * block + jnp.arange(block) < k
-    v = plgpu.load(v_ref.at[r, pl.ds(c * block, block)], mask=mine, other=0.0)
-    idx = plgpu.load(i_ref.at[r, pl.ds(c * block, block)], mask=mine, other=0)
-    key = _keys(v)
-
-    def body(j, rank):
-        theirs = j * block + jnp.arange(block) < k
-        vj = plgpu.load(v_ref.at[r, pl.ds(j * block, block)], mask=theirs, other=0.0)
-        ij = plgpu.load(i_ref.at[r, pl.ds(j * block, block)], mask=theirs, other=0)
-        kj = _keys(vj)
-        before = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None])
-                                                  & (ij[None, :] < idx[:, None]))
-        return rank + jnp.sum(jnp.where(before & theirs[None, :], 1, 0), axis=1)
-
-    rank = jax.lax.fori_loop(0, kp // block, body, jnp.zeros((block,), jnp.int32))
-    rank = jnp.where(mine, rank, k + jnp.arange(block))
-    plgpu.store(vo_ref.at[r, rank], v, mask=mine)
-    plgpu.store(io_ref.at[r, rank], idx, mask=mine)
+    pos = jnp.arange(capg)[:, None] * g + jnp.arange(g)[None, :]
+    valid = jnp.broadcast_to(row_ok[:, None], (capg, g))
+    xkey = keys(x)
+    lo, cut, ne = superset(xkey, valid, pos, k, kp, lo)
+    sel = in_superset(xkey, valid, pos, lo, cut)
+    dst = at(exclusive_cumsum(sel), sel)
+    plgpu.store(cv_ref.at[r, dst], x, mask=sel)
+    plgpu.store(ci_ref.at[r, dst], idx, mask=sel)
+    barrier(interpret)
+    # Rank: the first k of the ne candidates are the output, in order.
+    e = jnp.arange(kp)
+    v = plgpu.load(cv_ref.at[r, e], mask=e < ne, other=0.0)
+    i = plgpu.load(ci_ref.at[r, e], mask=e < ne, other=0)
+    tile = min(kp, max(1, RANK_PAIRS // kp))
+    rank = rank_by_counting(
+        v, ne, lambda t: plgpu.load(cv_ref.at[r, t * tile + jnp.arange(tile)],
+                                    mask=t * tile + jnp.arange(tile) < ne, other=0.0), tile)
+    keep = (e < ne) & (rank < k)
+    plgpu.store(v_ref.at[r, at(rank, keep)], v, mask=keep)
+    plgpu.store(i_ref.at[r, at(rank, keep)], i, mask=keep)
 
 
 def _params(num_warps: int):
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
+
+
+def _warps(n: int) -> int:
+    """Warps for a program holding arrays of up to n entries."""
+    return int(min(16, max(4, n // 1024)))
 
 
 @functools.partial(jax.jit, static_argnames=("k", "with_lse"))
@@ -162,7 +230,7 @@ def _topk(x: jax.Array, k: int, with_lse: bool):
         x = jnp.pad(x, ((0, 0), (0, M * g - V)), constant_values=-jnp.inf)
     x3 = x.reshape(R, M, g)
     interpret = interpret_mode()
-    blk = min(_pow2_at_least(M), max(1, _CHUNK // g))
+    blk = min(pow2_at_least(M), max(1, _CHUNK // g))
     nblk = -(-M // blk)
     gm, *partials = pl.pallas_call(
         functools.partial(_group_max_kernel, num_groups=M, block=blk),
@@ -170,35 +238,19 @@ def _topk(x: jax.Array, k: int, with_lse: bool):
         + (jax.ShapeDtypeStruct((R, nblk), jnp.float32),) * (2 if with_lse else 0),
         grid=(R, nblk), interpret=interpret, compiler_params=_params(4),
     )(x3)
-    lse = None
-    if with_lse:
-        pm, ps = partials
-        row_max = jnp.max(pm, axis=1)
-        lse = row_max + jnp.log(jnp.sum(ps * jnp.exp(pm - row_max[:, None]), axis=1))
-
-    mp, kp = _pow2_at_least(M), _pow2_at_least(k)
-    warps = lambda n: int(min(16, max(4, n // 1024)))  # noqa: E731
-    gid = pl.pallas_call(
-        functools.partial(_group_pick_kernel, num_groups=M, padded=mp, k=k),
-        out_shape=jax.ShapeDtypeStruct((R, k), jnp.int32),
-        grid=(R,), interpret=interpret, compiler_params=_params(warps(mp)),
-    )(gm)
-    cv, ci = pl.pallas_call(
-        functools.partial(_candidate_pick_kernel, k=k, kp=kp, g=g),
-        out_shape=(jax.ShapeDtypeStruct((R, k), jnp.float32),
-                   jax.ShapeDtypeStruct((R, k), jnp.int32)),
-        grid=(R,), interpret=interpret, compiler_params=_params(warps(kp * g)),
-    )(x3, gid)
-    # Outputs start poisoned (NaN, -1) and are aliased in place: every slot must be written.
-    blk = min(kp, _RANK_BLOCK)
-    values, indices = pl.pallas_call(
-        functools.partial(_rank_sort_kernel, k=k, kp=kp, block=blk),
-        out_shape=(jax.ShapeDtypeStruct((R, k), jnp.float32),
-                   jax.ShapeDtypeStruct((R, k), jnp.int32)),
-        grid=(R, kp // blk), interpret=interpret, compiler_params=_params(4),
-        input_output_aliases={2: 0, 3: 1},
-    )(cv, ci, jnp.full((R, k), jnp.nan, jnp.float32), jnp.full((R, k), -1, jnp.int32))
-    return values, indices, lse
+    kp = pow2_at_least(k)
+    capg = min(2 * kp, pow2_at_least(M))
+    f32, i32 = jnp.float32, jnp.int32
+    outs = ((R, k), f32), ((R, k), i32), *((((R,), f32),) if with_lse else ()), \
+        ((R, capg), i32), ((R, kp), f32), ((R, kp), i32)  # the last three: scratch
+    values, indices, *rest = pl.pallas_call(
+        functools.partial(_select_kernel, num_groups=M, num_blocks=nblk if with_lse else 0, g=g,
+                          k=k, interpret=interpret),
+        out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in outs),
+        grid=(R,), interpret=interpret,
+        compiler_params=_params(_warps(max(pow2_at_least(M), capg * g))),
+    )(x3, gm, *partials)
+    return values, indices, rest[0] if with_lse else None
 
 
 @registry.register("topk_logsumexp", "pallas_triton")
