@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import functools
 import time
+import warnings
 from typing import Sequence
 
 import flax.struct
@@ -392,18 +393,25 @@ def decode(step, tparams, dparams, state: EngineState, max_steps: int, max_lag: 
 
 
 def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3) -> dict:
-    """Seconds per call of each stage, jitted on its own, on `state` (which is not modified): the
-    mean of `reps` calls dispatched back to back after a warm-up call."""
-    draft = jax.jit(stage_draft, static_argnames=("plan",))
-    build = jax.jit(stage_tree, static_argnames=("plan",))
-    verify = jax.jit(stage_verify, static_argnames=("plan",))
-    accept = jax.jit(stage_accept, static_argnames=("plan",))
-    fused = jax.jit(speculative_step, static_argnames=("plan",))
+    """Seconds per call of each stage, jitted on its own, on `state` (which is not modified).
 
-    def timed(fn, *args):   # reps calls dispatched back to back, as the decode loop runs them
-        out = jax.block_until_ready(fn(*args, plan=plan))      # compile + warm up
+    Each stage runs `reps` times back to back after a warm-up call, as the decode loop dispatches
+    steps, and the mean is reported. Verify, accept and the fused step donate the state (and the
+    cache) as the engine's step does, so their cache writes are in place: each call gets its own
+    copy, made before the timer starts (reps + 1 copies of the state are held at once).
+    """
+    def jit(fn, donate=()):
+        return jax.jit(fn, static_argnames=("plan",), donate_argnames=donate)
+
+    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
+
+    def timed(fn, make_args):
+        calls = jax.block_until_ready([make_args() for _ in range(reps + 1)])
+        with warnings.catch_warnings():   # a stage returns only part of a donated state
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            out = jax.block_until_ready(fn(*calls[0], plan=plan))   # compile + warm up
         t0 = time.perf_counter()
-        for _ in range(reps):
+        for args in calls[1:]:
             out = fn(*args, plan=plan)
         jax.block_until_ready(out)
         return (time.perf_counter() - t0) / reps, out
@@ -411,9 +419,11 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3)
     times = {}
     tree = None
     if plan.method != "ar":
-        times["draft"], logits = timed(draft, tparams, dparams, state)
-        times["tree"], tree = timed(build, logits)
-    times["verify"], (vlogits, cache, taps, tokens) = timed(verify, tparams, state, tree)
-    times["accept"], _ = timed(accept, dparams, state, tree, vlogits, cache, taps, tokens)
-    times["step"], _ = timed(fused, tparams, dparams, state)
+        times["draft"], logits = timed(jit(stage_draft), lambda: (tparams, dparams, state))
+        times["tree"], tree = timed(jit(stage_tree), lambda: (logits,))
+    times["verify"], (vlogits, cache, taps, tokens) = timed(
+        jit(stage_verify, ("state",)), lambda: (tparams, copy(state), tree))
+    times["accept"], _ = timed(jit(stage_accept, ("state", "cache")),
+                               lambda: (dparams, copy(state), tree, vlogits, copy(cache), taps, tokens))
+    times["step"], _ = timed(jit(speculative_step, ("state",)), lambda: (tparams, dparams, copy(state)))
     return times

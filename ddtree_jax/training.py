@@ -23,6 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from ddtree_jax import drafter as dft
+from ddtree_jax import engine
 from ddtree_jax import model as tgt
 from ddtree_jax.config import DrafterConfig, ModelConfig
 
@@ -79,6 +80,23 @@ def target_taps(params, cfg: ModelConfig, tokens, taps):
     out = tgt.forward(params, cfg, tokens, positions, tgt.init_cache(cfg, b, t, dtype),
                       taps=tuple(taps), attn_mode="naive", attn_impl="xla", moe_impl="xla")
     return jax.lax.stop_gradient(out.taps), jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+
+
+def greedy_continuations(target, prompts: np.ndarray, new_tokens: int, streams: int) -> np.ndarray:
+    """prompts int [N, P] -> [N, P + new_tokens]: each prompt and the target's greedy continuation
+    (engine method "ar", `streams` prompts per generate call); the drafter's distillation data."""
+    rows = []
+    for i in range(0, len(prompts), streams):
+        batch = prompts[i:i + streams]
+        r = engine.generate(target, None, batch.tolist(), method="ar", max_new_tokens=new_tokens,
+                            stage_reps=0)
+        gen = np.asarray([t[:new_tokens] for t in r.tokens], np.int64)
+        if gen.shape != (len(batch), new_tokens):
+            raise RuntimeError(f"generate returned {gen.shape} tokens, expected {(len(batch), new_tokens)}")
+        rows.append(np.concatenate([batch, gen], axis=1))
+        print(f"distill: {i + len(batch)}/{len(prompts)} sequences, "
+              f"{r.tokens_per_second:.0f} tok/s", flush=True)
+    return np.concatenate(rows)
 
 
 # ---- drafter ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from ddtree_jax import data, engine
+from ddtree_jax import data, training
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.tokenizer import Tokenizer
 
@@ -39,22 +39,6 @@ _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "target
 _SEED = flags.DEFINE_integer("seed", 7, "prompt offsets")
 
 
-def continuations(target, prompts: np.ndarray, new_tokens: int, streams: int) -> np.ndarray:
-    """prompts int [N, P] -> [N, P + new_tokens]: each prompt and the target's greedy continuation."""
-    rows = []
-    for i in range(0, len(prompts), streams):
-        batch = prompts[i:i + streams]
-        r = engine.generate(target, None, batch.tolist(), method="ar", max_new_tokens=new_tokens,
-                            stage_reps=0)
-        gen = np.asarray([t[:new_tokens] for t in r.tokens], np.int64)
-        if gen.shape != (len(batch), new_tokens):
-            raise RuntimeError(f"generate returned {gen.shape} tokens, expected {(len(batch), new_tokens)}")
-        rows.append(np.concatenate([batch, gen], axis=1))
-        print(f"distill: {i + len(batch)}/{len(prompts)} sequences, "
-              f"{r.tokens_per_second:.0f} tok/s", flush=True)
-    return np.concatenate(rows)
-
-
 def main(argv):
     del argv
     if min(_N.value, _PROMPT.value, _NEW.value, _STREAMS.value) < 1:
@@ -67,7 +51,7 @@ def main(argv):
     prompts = np.stack([stream[s:s + _PROMPT.value] for s in starts]).astype(np.int64)
     dtype = jnp.bfloat16 if _DTYPE.value == "bfloat16" else jnp.float32
     target = load_target(_TARGET.value, dtype=dtype)
-    seqs = continuations(target, prompts, _NEW.value, _STREAMS.value)
+    seqs = training.greedy_continuations(target, prompts, _NEW.value, _STREAMS.value)
     meta = {"command": "python " + " ".join(sys.argv), "target": os.path.abspath(_TARGET.value),
             "target_sha256": data.file_sha256(os.path.join(_TARGET.value, "model.safetensors")),
             "prompt_len": _PROMPT.value, "new_tokens": _NEW.value, "num_sequences": _N.value,

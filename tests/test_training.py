@@ -13,7 +13,7 @@ from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.drafter import drafter_hidden, init_drafter
 from ddtree_jax.drafter_io import load_drafter
 from ddtree_jax.model import init_target
-from experiments import distill_data, train_drafter, train_target
+from experiments import train_drafter, train_target
 from configs import train_drafter_small, train_target_small
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +89,7 @@ def test_distilled_continuations_are_the_targets_greedy_tokens(tmp_path):
     tcfg = ModelConfig.preset("tiny", vocab_size=2048)
     tparams = init_target(tcfg, jax.random.key(3))
     prompts = np.random.default_rng(0).integers(3, 2048, size=(3, 5))
-    seqs = distill_data.continuations((tcfg, tparams), prompts, new_tokens=4, streams=2)
+    seqs = training.greedy_continuations((tcfg, tparams), prompts, new_tokens=4, streams=2)
     assert seqs.shape == (3, 9) and np.array_equal(seqs[:, :5], prompts)
     _, greedy = training.target_taps(tparams, tcfg, jnp.asarray(seqs), (1,))
     np.testing.assert_array_equal(np.asarray(greedy)[:, 4:8], seqs[:, 5:9])  # float32: exact
