@@ -87,7 +87,7 @@ class GenerateResult:
     tokens: list                 # per stream: generated ids
     acceptance_lengths: list     # per stream: tokens emitted by each step before truncation
     tau: float                   # mean acceptance length over all (stream, step) pairs
-    tokens_per_second: float     # generated tokens / decode wall time (compile excluded)
+    tokens_per_second: float     # generated tokens / decode wall time (compile, warm-up excluded)
     stage_times: dict            # seconds per step: draft, tree, verify, accept (+ step total)
     steps: int
     prefill_seconds: float
@@ -326,7 +326,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-             topk_impl: str = "auto", stage_reps: int = 3) -> GenerateResult:
+             topk_impl: str = "auto", stage_reps: int = 3, warmup: bool = True) -> GenerateResult:
     """Speculative (or plain autoregressive) generation for S streams with their own prompts.
 
     target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one token list per
@@ -334,6 +334,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     emitted); temperature 0 is greedy, otherwise tokens are sampled from the target's distribution
     (optionally top-k / top-p truncated). max_len: target cache slots per stream (default: just
     enough). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
+    warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
+    costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
     """
     su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
                temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens,
@@ -348,7 +350,10 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     t0 = time.perf_counter()
     step = _step.lower(tparams, dparams, state, plan).compile()
     compile_s = time.perf_counter() - t0
-    stage_state = jax.tree_util.tree_map(jnp.copy, state)
+    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
+    stage_state = copy(state) if stage_reps else None
+    if warmup:   # one-time costs of the executable's first run stay out of decode_s
+        jax.block_until_ready(step(tparams, dparams, copy(state)))
     t0 = time.perf_counter()
     state = decode(step, tparams, dparams, state, su.max_steps)
     state.out_len.block_until_ready()
