@@ -171,3 +171,26 @@ def test_bad_input(pair32):
         dcfg.replace(target_layer_ids=(cfg.num_hidden_layers,))
     with pytest.raises(ValueError, match="non-finite"):
         dj.build_tree(jnp.array([[[0.0, jnp.nan]]]), 2)
+
+
+@pytest.mark.parametrize("finish_at, max_steps", [(1, 10), (4, 10), (12, 10), (10, 10)])
+def test_decode_stops_at_most_max_lag_steps_after_done(finish_at, max_steps):
+    """engine.decode: every step up to the finishing one runs, at most max_lag more, never more
+    than max_steps; a state that is already done runs no step."""
+    calls = []
+
+    def step(tparams, dparams, state):
+        calls.append(state.step)
+        done = jnp.full_like(state.done, state.step + 1 >= finish_at)
+        nxt = state.replace(step=state.step + 1, done=done)
+        return nxt, jnp.all(nxt.done)
+
+    state = engine.EngineState(tcache=None, dcache=None, pending=None, out_tokens=None,
+                               out_len=None, accept=None, done=jnp.zeros((3,), bool),
+                               max_new=None, step=jnp.zeros((), jnp.int32), key=None)
+    out = engine.decode(step, None, None, state, max_steps, max_lag=2)
+    n = len(calls)
+    assert min(finish_at, max_steps) <= n <= min(finish_at + 2, max_steps) and int(out.step) == n
+    calls.clear()
+    done = state.replace(done=jnp.ones((3,), bool))
+    assert engine.decode(step, None, None, done, max_steps) is done and not calls
