@@ -8,6 +8,13 @@ for each T in --tokens, random routings. Measures in the same run the device-to-
 the float64 numpy golden on two check tokens before timing it; times the pallas_triton sweep, the
 triton kernels, the "xla" path, dequantise-then-ragged_dot and the bf16-weights path. Prints a
 table last and writes moe.json / moe.md under --out_dir.
+
+--impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
+split_k) on top of the tuned config per T, each checked against the golden before timing; and
+"parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
+alone. One H200 run of the variants against the default:
+  python3 experiments/kernel_bench.py --op=moe --impls=pallas_triton,variants --sweep=false \
+      --tokens=1,4,16,64,256 --out_dir=$OUT
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ flags.DEFINE_enum("op", "moe", ["moe"], "operation to benchmark")
 flags.DEFINE_string("out_dir", "/tmp/kernel_bench", "where results go")
 flags.DEFINE_list("tokens", ["1", "4", "16", "64", "256", "1024", "4096"], "token counts T")
 flags.DEFINE_list("impls", ["pallas_triton", "triton", "xla", "ragged_dot", "bf16_weights"],
-                  "implementations / baselines to time")
+                  "implementations / baselines to time (also: variants)")
 flags.DEFINE_integer("experts", 384, "E")
 flags.DEFINE_integer("hidden", 7168, "d")
 flags.DEFINE_integer("inter", 2048, "I")
@@ -87,6 +94,56 @@ def _routings(key, t, e, k, n):
     ids = ids.at[:, : min(t, 2)].set(fixed[: min(t, 2)])
     w = jax.random.uniform(kw, (n, t, k), minval=0.1, maxval=1.0)
     return ids, (w / w.sum(-1, keepdims=True) * 2.827).astype(jnp.float32), fixed
+
+
+def _variant_cfgs(t: int) -> list:
+    """Experimental options on top of the tuned config for T (the plain tuned config is timed as
+    pallas_triton with --sweep=false): split-K where few programs run, the rest where the INT4 loop
+    is the limit."""
+    from pallas_kernels.moe import tuning
+    base = tuning.config(t)
+    if t <= 4:
+        opts = [dict(split_k=4), dict(split_k=8), dict(split_k=4, scale_weights=True),
+                dict(split_k=4, swap_ab=True, scale_weights=True)]
+    else:
+        opts = [dict(scale_weights=True), dict(swap_ab=True), dict(swap_ab=True, scale_weights=True),
+                dict(swap_ab=True, scale_weights=True, bn_up=128, bn_down=128, num_warps=8),
+                dict(scale_weights=True, num_stages=4)]
+    return [base._replace(**o) for o in opts]
+
+
+def _cfg_name(c) -> str:
+    """pallas_triton(bm, bn_up, bn_down, warps, stages, dequant[, options that are on])."""
+    on = [f"{f}={getattr(c, f)}" for f in ("scale_weights", "swap_ab", "split_k")
+          if getattr(c, f) != type(c)._field_defaults[f]]
+    return f"pallas_triton{tuple(c)[:6] + tuple(on)}"
+
+
+def _parts(t, cfg, e, k):
+    """Stages of moe_experts_pallas under `cfg`, each jitted alone: {name: fn(x, ids, w, experts)}."""
+    import jax
+    from pallas_kernels.moe import pallas_triton as pt
+    from pallas_kernels.moe.experts import dims
+    from pallas_kernels.moe.xla import combine
+
+    def routing(x, ids, w, ex):
+        r, row_token, row_weight = pt.routed_rows(ids, w, e, cfg.bm)
+        return r, row_token, row_weight
+
+    def gate_up(x, ids, w, ex):
+        r, row_token, _ = routing(x, ids, w, ex)
+        return pt.gate_up(x, row_token, r.block_expert, ex, dims(ex), cfg)
+
+    def down(h, ids, w, ex):
+        r, _, row_weight = routing(h, ids, w, ex)
+        return pt.down(h, row_weight, r.block_expert, ex, dims(ex), cfg)
+
+    def comb(y, ids, w, ex):
+        r, _, _ = routing(y, ids, w, ex)
+        return combine(y, r.slot_row, t, k, jax.numpy.bfloat16)
+
+    return {"routing": jax.jit(routing), "gate_up": jax.jit(gate_up), "down": jax.jit(down),
+            "combine": jax.jit(comb)}
 
 
 def bench_moe() -> dict:
@@ -177,6 +234,9 @@ def bench_moe() -> dict:
                 cfgs = sweep[group] if FLAGS.sweep else [tuning.config(t)]
                 cands = [(f"pallas_triton{tuple(c)}", lambda x, a, b, ex, c=c: moe_experts_pallas(x, a, b, ex, cfg=c))
                          for c in cfgs]
+            elif impl == "variants":
+                cands = [(_cfg_name(c), lambda x, a, b, ex, c=c: moe_experts_pallas(x, a, b, ex, cfg=c))
+                         for c in _variant_cfgs(t)]
             elif impl == "triton":
                 cands = [("triton", lambda x, a, b, ex: moe_experts_triton(x, a, b, ex, cfg=tuning.config(t)))]
             elif impl == "xla":
@@ -208,6 +268,8 @@ def bench_moe() -> dict:
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            if impl == "variants":
+                rows.extend(_time_parts(t, e, k, xs, ids_all, w_all, ex))
     if "ex" in bf16_cache:
         for row in rows:
             if row["impl"].startswith("bf16") and "time_us" in row:
@@ -217,11 +279,46 @@ def bench_moe() -> dict:
     return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0])}
 
 
+def _time_parts(t, e, k, xs, ids_all, w_all, ex) -> list:
+    """Rows "parts:<stage>" for the tuned config at T; gate_up, down and combine each include the
+    routing alignment (subtract the routing row); down's and combine's inputs are the outputs of the
+    stages before them (no golden check: the whole op was checked as pallas_triton)."""
+    from pallas_kernels.moe import tuning
+    cfg = tuning.config(t)
+    parts = _parts(t, cfg, e, k)
+    rows = []
+    try:
+        h = [parts["gate_up"](xs[r], ids_all[r], w_all[r], ex) for r in range(4)]
+        y = [parts["down"](h[r], ids_all[r], w_all[r], ex) for r in range(4)]
+        inputs = {"routing": xs, "gate_up": xs, "down": h, "combine": y}
+        for name, fn in parts.items():
+            def call(fn=fn, src=inputs[name], it=iter(range(1 << 30))):
+                r = next(it) % 4
+                return jax_leaf(fn(src[r], ids_all[r], w_all[r], ex))
+
+            sec = _time(call, FLAGS.min_time_s)
+            rows.append({"impl": f"parts:{name}{tuple(cfg)[:6]}", "T": t, "time_us": sec * 1e6})
+    except Exception as exc:
+        rows.append({"impl": "parts", "T": t, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def jax_leaf(out):
+    """First array leaf of a stage's output (to block on)."""
+    import jax
+    return jax.tree_util.tree_leaves(out)[0]
+
+
 def _table(res: dict) -> str:
     lines = ["| T | impl | active E | MB moved | time us | GB/s | % copy | % floor | rel err |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        if "time_us" in r:
+        if r["impl"].startswith("parts"):
+            lines.append(f"| {r['T']} | {r['impl']} | | | {r.get('time_us', 0):.1f} | | | | "
+                         f"{r.get('error', '')[:80]} |")
+        elif "time_us" in r:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
                          f"{r['time_us']:.1f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | {r['pct_floor']:.1f} | "
                          f"{r['rel_err']:.1e} |")

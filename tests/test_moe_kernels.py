@@ -213,3 +213,58 @@ def test_pallas_kernels_write_every_used_row():
     assert_close(h[slot_row], h_ref, TOL[jnp.bfloat16], "gate_up rows")
     y_ref = w.reshape(-1, 1) * np.einsum("sdi,si->sd", dn[flat], h[slot_row])
     assert_close(y[slot_row], y_ref, 1e-5, "down rows")
+
+
+# Experimental kernel variants (tuning.MoEConfig fields, off by default) against the same goldens and
+# tolerances. scale_weights rounds each scaled bf16 weight once more (relative <= 2^-8 per weight,
+# about 2e-3 on the output, inside TOL[bf16]); it is exact for float32 activations.
+VARIANTS = {"scale_weights": dict(scale_weights=True), "swap_ab": dict(swap_ab=True),
+            "split_k": dict(split_k=3), "all": dict(scale_weights=True, swap_ab=True, split_k=2)}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pallas_variants_match_golden(variant):
+    """Each variant through moe_experts_pallas at T=1 (K below one block, idle experts; "all" also
+    uneven routing with float32 and bf16 weights), then its gate_up / down kernels into NaN-poisoned
+    buffers: one expert receiving all tokens, K not a multiple of the block, bf16."""
+    from pallas_kernels.moe import pallas_triton as pt
+    from pallas_kernels.moe.tuning import MoEConfig
+
+    cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits", **VARIANTS[variant])
+    cases = [CASES[0]] + ([CASES[3], CASES[2]] if variant == "all" else [])
+    for t, k, e, d, i, kind, is_int4, dtype in cases:
+        rng = _rng()
+        experts, (g, u, dn) = (_int4_experts if is_int4 else _bf16_experts)(rng, e, d, i)
+        ids, w = _routing(rng, kind, t, k, e)
+        x = jnp.asarray(rng.standard_normal((t, d)), dtype)
+        out = pt.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts, cfg=cfg)
+        assert out.shape == (t, d) and out.dtype == dtype
+        ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
+        assert_close(out, ref, TOL[dtype], f"{variant} T{t} {kind} {jnp.dtype(dtype).name}")
+
+    rng = _rng()
+    e, d, i, t, k = 4, 288, 64, 9, 2
+    experts, (g, u, dn) = _int4_experts(rng, e, d, i)
+    ids, w = _routing(rng, "one_expert", t, k, e)
+    x = jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16)
+    dm = moe.dims(experts)
+    r, row_token, row_weight = pt.routed_rows(jnp.asarray(ids), jnp.asarray(w), e, cfg.bm)
+    rows = r.row_slot.shape[0]
+    lead = (cfg.split_k,) if cfg.split_k > 1 else ()
+    nan = lambda n, dt: jnp.full((*lead, rows, n), jnp.nan, dt if not lead else jnp.float32)
+    h = pt.gate_up(x, row_token, r.block_expert, experts, dm, cfg,
+                   out=(nan(i, jnp.bfloat16),) * 2 if lead else nan(i, jnp.bfloat16))
+    y = pt.down(h, row_weight, r.block_expert, experts, dm, cfg, out=nan(d, jnp.float32))
+    used = np.repeat(np.asarray(r.block_expert) >= 0, cfg.bm)
+    h, y = np.asarray(h, np.float64), np.asarray(y, np.float64)
+    assert np.all(np.isfinite(h[used])) and np.all(np.isfinite(y[used]))
+    assert np.all(np.isnan(h[~used])) and np.all(np.isnan(y[~used]))
+    slot_row = np.asarray(r.slot_row)
+    xf = np.asarray(x.astype(jnp.float32), np.float64)
+    flat = ids.reshape(-1)
+    gx = np.einsum("sid,sd->si", g[flat], xf[np.arange(t * k) // k])
+    ux = np.einsum("sid,sd->si", u[flat], xf[np.arange(t * k) // k])
+    assert_close(h[slot_row], gx / (1 + np.exp(-gx)) * ux, TOL[jnp.bfloat16], f"{variant} gate_up rows")
+    y_ref = w.reshape(-1, 1) * np.einsum("sdi,si->sd", dn[flat], h[slot_row])
+    assert_close(y[slot_row], y_ref, 1e-5 if not cfg.scale_weights else TOL[jnp.bfloat16],
+                 f"{variant} down rows")

@@ -8,7 +8,8 @@ the dot output). Two routes:
 - "asm" (GPU only): the same trick in PTX, two columns per 32-bit register: `prmt` gathers the byte
   of two neighbouring words, `lop3` masks a nibble of each half and ORs the exponent, one
   `fma.rn.bf16x2` subtracts 136 from both halves: 2-2.5 instructions per weight. One asm block
-  per plane, emitted right before its dot, keeps one plane live at a time.
+  per plane, emitted right before its dot, keeps one plane live at a time. With the scale, one more
+  `fma.rn.bf16x2` (times s, plus -0) per two weights.
 """
 
 from __future__ import annotations
@@ -22,40 +23,52 @@ _MAGIC = 0x4300        # bf16 128.0
 _MAGIC_OFFSET = 136.0  # 128 + 8
 
 
-def plane_bits(wq, j: int, dtype):
-    """int32 [R, BN] -> plane j as `dtype` [R, BN] (nibble j - 8)."""
+def plane_bits(wq, j: int, dtype, s=None):
+    """int32 [R, BN] -> plane j as `dtype` [R, BN] (nibble j - 8, times s [BN] when given)."""
     nib = jax.lax.shift_right_logical(wq, jnp.int32(4 * j)) & 0xF
     if dtype == jnp.bfloat16:
         v = jax.lax.bitcast_convert_type((nib | _MAGIC).astype(jnp.int16), jnp.bfloat16)
-        return v - jnp.asarray(_MAGIC_OFFSET, jnp.bfloat16)
-    return (nib - 8).astype(dtype)
+        v = v - jnp.asarray(_MAGIC_OFFSET, jnp.bfloat16)
+    else:
+        v = (nib - 8).astype(dtype)
+    return v if s is None else v * s.astype(dtype)[None, :]
 
 
-def asm_source(j: int) -> str:
-    """PTX for plane j of two neighbouring words ($1, $2) -> bf16x2 ($0)."""
+def asm_source(j: int, scaled: bool = False) -> str:
+    """PTX for plane j of two neighbouring words ($1, $2) -> bf16x2 ($0); scaled: times $3 (bf16x2)."""
     lines = ["{", ".reg .b32 q, one, off;", "mov.b32 one, 0x3F803F80;", "mov.b32 off, 0xC308C308;",
              f"prmt.b32 q, $1, $2, 0x{(4 + j // 2) << 8 | j // 2:04x};"]
     if j % 2:
         lines.append("shr.u32 q, q, 4;")
-    lines += ["lop3.b32 $0, q, 0x000F000F, 0x43004300, 0xEA;", "fma.rn.bf16x2 $0, $0, one, off;", "}"]
-    return "\n".join(lines)
+    lines += ["lop3.b32 $0, q, 0x000F000F, 0x43004300, 0xEA;", "fma.rn.bf16x2 $0, $0, one, off;"]
+    if scaled:   # (nibble - 8) is exact in bf16; one rounding of its product with s (+ -0.0)
+        lines += ["mov.b32 off, 0x80008000;", "fma.rn.bf16x2 $0, $0, $3, off;"]
+    return "\n".join(lines + ["}"])
 
 
 ASM = tuple(asm_source(j) for j in range(8))
+ASM_SCALED = tuple(asm_source(j, True) for j in range(8))
 
 
-def plane_asm(wq, j: int):
-    """int32 [R, BN] -> plane j as bf16 [R, BN] through inline PTX (two columns per register)."""
-    (out,) = plgpu.elementwise_inline_asm(
-        ASM[j], args=[wq], constraints="=r,r,r", pack=2,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(wq.shape, jnp.bfloat16)])
+def plane_asm(wq, j: int, s=None):
+    """int32 [R, BN] -> plane j as bf16 [R, BN] through inline PTX (two columns per register);
+    times the bf16 scales s [BN] when given."""
+    shape = [jax.ShapeDtypeStruct(wq.shape, jnp.bfloat16)]
+    if s is None:
+        (out,) = plgpu.elementwise_inline_asm(ASM[j], args=[wq], constraints="=r,r,r", pack=2,
+                                              result_shape_dtypes=shape)
+    else:
+        s = jnp.broadcast_to(s.astype(jnp.bfloat16)[None, :], wq.shape)
+        (out,) = plgpu.elementwise_inline_asm(ASM_SCALED[j], args=[wq, s], constraints="=r,r,r,r",
+                                              pack=2, result_shape_dtypes=shape)
     return out
 
 
-def plane(wq, j: int, dtype, route: str):
-    """Plane j of a kernel-layout word tile as `dtype`, through `route` ("asm" or "bits")."""
+def plane(wq, j: int, dtype, route: str, s=None):
+    """Plane j of a kernel-layout word tile as `dtype`, through `route` ("asm" or "bits"); times
+    the group scales s [BN] when given."""
     if route == "asm":
         if dtype != jnp.bfloat16:
             raise ValueError(f"dequant route 'asm' needs bfloat16 activations, got {dtype}")
-        return plane_asm(wq, j)
-    return plane_bits(wq, j, dtype)
+        return plane_asm(wq, j, s)
+    return plane_bits(wq, j, dtype, s)

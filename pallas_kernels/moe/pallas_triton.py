@@ -1,7 +1,7 @@
 """The "pallas_triton" implementation of moe_experts: two grouped GEMM kernels over aligned slots.
 
-Grid (row block b, column tile n); block b's rows all belong to expert `block_expert[b]` (-1: the
-program does nothing). INT4 weights are read as kernel-layout words [32, BN] per 256-wide K block
+Grid (row block b, column tile n[, K split]); block b's rows all belong to expert `block_expert[b]`
+(-1: the program does nothing). INT4 weights are read as kernel-layout words [32, BN] per 256-wide K block
 and dequantised in registers into 8 planes, one K=32 dot each, scaled on the [BM, BN] f32 output.
 1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
 2. down: y[row] = w_row * (h[row] @ Wd), float32.
@@ -39,50 +39,78 @@ def _k_chunk(k: int) -> int:
     return chunk
 
 
-def _dot(a, w):
-    """a [M, K] @ w [K, N] with float32 accumulation; float32 operands in full precision."""
+def _dot(a, w, swap_ab=False):
+    """a [M, K] @ w [K, N] with float32 accumulation; float32 operands in full precision.
+
+    swap_ab: returns the transpose [N, M] = w^T a^T (the weight tile is the MMA's M side).
+    """
     prec = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    return jnp.dot(a, w, precision=prec, preferred_element_type=jnp.float32)
+    dims = (((0,), (1,)), ((), ())) if swap_ab else (((1,), (0,)), ((), ()))
+    lhs, rhs = (w, a) if swap_ab else (a, w)
+    return jax.lax.dot_general(lhs, rhs, dims, precision=prec, preferred_element_type=jnp.float32)
 
 
-def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route):
+def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, split=None):
     """sum_k A[:, k] W[k, n0:n0+bn] for each W in `ws`: [(qweight, qscale) refs] or [weight refs].
 
     load_a(k0, size) -> [BM, size] activations. Returns one float32 [BM, BN] per W.
+    split: (index, count) of a split-K program: it sums only its share of the K steps (256-wide
+    blocks, or bf16 chunks); the K tail goes to the last split.
+    cfg.scale_weights: the group scale multiplies the dequantised weights (in `dtype`) and all
+    planes accumulate into one accumulator, instead of rescaling each plane's float32 dot output.
+    cfg.swap_ab: accumulate the [BN, BM] transpose (weights on the MMA's M side).
     """
     cols = pl.ds(n0, bn)
-    zero = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in ws)
-    if not int4_weights:
-        chunk = _k_chunk(k)
+    swap = cfg.swap_ab
+    zero = tuple(jnp.zeros((bn, bm) if swap else (bm, bn), jnp.float32) for _ in ws)
+    chunk = int4.KBLOCK if int4_weights else _k_chunk(k)
+    full, tail = divmod(k, chunk)
+    if int4_weights:
+        def kblock(kb, accs, n_planes):
+            accs = list(accs)
+            words = [qw[e, pl.ds(kb * int4.PLANE, int4.PLANE), cols] for qw, _ in ws]
+            for j in range(n_planes):
+                a = load_a(kb * int4.KBLOCK + j * int4.PLANE, int4.PLANE)   # shared by gate and up
+                for i, (_, qs) in enumerate(ws):
+                    s = qs[e, kb * 8 + j, cols]
+                    if cfg.scale_weights:
+                        accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route, s), swap)
+                    else:
+                        s = s.astype(jnp.float32)
+                        d = _dot(a, plane(words[i], j, dtype, route), swap)
+                        accs[i] = accs[i] + d * (s[:, None] if swap else s[None, :])
+            return tuple(accs)
 
+        step = lambda kb, accs: kblock(kb, accs, 8)
+        last = lambda accs: kblock(full, accs, tail // int4.PLANE)
+    else:
         def step(i, accs):
             a = load_a(i * chunk, chunk)
-            return tuple(acc + _dot(a, w[e, pl.ds(i * chunk, chunk), cols].astype(dtype))
+            return tuple(acc + _dot(a, w[e, pl.ds(i * chunk, chunk), cols].astype(dtype), swap)
                          for acc, w in zip(accs, ws))
 
-        return jax.lax.fori_loop(0, k // chunk, step, zero)
-
-    def kblock(kb, accs, n_planes):
-        accs = list(accs)
-        words = [qw[e, pl.ds(kb * int4.PLANE, int4.PLANE), cols] for qw, _ in ws]
-        for j in range(n_planes):
-            a = load_a(kb * int4.KBLOCK + j * int4.PLANE, int4.PLANE)   # shared by gate and up
-            for i, (_, qs) in enumerate(ws):
-                s = qs[e, kb * 8 + j, cols].astype(jnp.float32)
-                accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route)) * s[None, :]
-        return tuple(accs)
-
-    full, tail = divmod(k, int4.KBLOCK)
-    accs = jax.lax.fori_loop(0, full, lambda kb, a: kblock(kb, a, 8), zero)
-    if tail:
-        accs = kblock(full, accs, tail // int4.PLANE)
-    return accs
+        last = None   # _k_chunk divides k
+    if split is None:
+        accs = jax.lax.fori_loop(0, full, step, zero)
+        if tail:
+            accs = last(accs)
+    else:
+        index, count = split
+        per = -(-full // count)
+        lo = jnp.minimum(index * per, full)
+        accs = jax.lax.fori_loop(lo, jnp.minimum(lo + per, full), step, zero)
+        if tail:
+            accs = tuple(jnp.where(index == count - 1, t, a) for t, a in zip(last(accs), accs))
+    return tuple(acc.T for acc in accs) if swap else accs
 
 
 def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, int4_weights, route,
-                    aliased):
-    w_refs, h_ref = refs[:-2 if aliased else -1], refs[-1]   # an aliased input is never read
+                    cfg, aliased):
+    n_out = 2 if cfg.split_k > 1 else 1                      # split: gate and up partial sums
+    w_refs = refs[:len(refs) - n_out * (2 if aliased else 1)]  # an aliased input is never read
+    out_refs = refs[len(refs) - n_out:]
     b, n = pl.program_id(0), pl.program_id(1)
+    split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
     @pl.when(e >= 0)
@@ -90,35 +118,48 @@ def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, in
         tokens = row_token_ref[pl.ds(b * bm, bm)]
         ws = [tuple(w_refs[i:i + 2]) for i in (0, 2)] if int4_weights else list(w_refs)
         g, u = _project(lambda k0, size: x_ref[tokens, pl.ds(k0, size)], ws, e, n * bn, bm, bn, k,
-                        int4_weights=int4_weights, dtype=x_ref.dtype, route=route)
-        h = g / (1.0 + jnp.exp(-g)) * u
-        h_ref[pl.ds(b * bm, bm), pl.ds(n * bn, bn)] = h.astype(h_ref.dtype)
+                        int4_weights=int4_weights, dtype=x_ref.dtype, route=route, cfg=cfg,
+                        split=split)
+        rows, cols = pl.ds(b * bm, bm), pl.ds(n * bn, bn)
+        if split is None:
+            out_refs[0][rows, cols] = _silu_mul(g, u).astype(out_refs[0].dtype)
+        else:
+            out_refs[0][split[0], rows, cols] = g
+            out_refs[1][split[0], rows, cols] = u
+
+
+def _silu_mul(g, u):
+    return g / (1.0 + jnp.exp(-g)) * u
 
 
 def _down_kernel(row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k, int4_weights, route,
-                 aliased):
+                 cfg, aliased):
     w_refs, y_ref = refs[:-2 if aliased else -1], refs[-1]
     b, n = pl.program_id(0), pl.program_id(1)
+    split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
     @pl.when(e >= 0)
     def _():
         ws = [tuple(w_refs)] if int4_weights else list(w_refs)
         (y,) = _project(lambda k0, size: h_ref[pl.ds(b * bm, bm), pl.ds(k0, size)], ws, e,
-                        n * bn, bm, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route)
+                        n * bn, bm, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route,
+                        cfg=cfg, split=split)
         w = row_weight_ref[pl.ds(b * bm, bm)]
-        y_ref[pl.ds(b * bm, bm), pl.ds(n * bn, bn)] = y * w[:, None]
+        idx = (pl.ds(b * bm, bm), pl.ds(n * bn, bn))
+        y_ref[idx if split is None else (split[0], *idx)] = y * w[:, None]
 
 
 def _call(kernel, grid, out_shape, args, cfg, out):
-    """pallas_call; writes into `out` (a buffer of out_shape, e.g. NaN-poisoned) when given."""
-    aliased = out is not None
+    """pallas_call; writes into `out` (buffers of out_shape, e.g. NaN-poisoned) when given."""
+    outs = () if out is None else tuple(out) if isinstance(out, (tuple, list)) else (out,)
     return pl.pallas_call(
-        functools.partial(kernel, aliased=aliased), out_shape=out_shape, grid=grid,
-        input_output_aliases={len(args): 0} if aliased else {},
+        functools.partial(kernel, aliased=bool(outs)), out_shape=out_shape,
+        grid=grid + ((cfg.split_k,) if cfg.split_k > 1 else ()),
+        input_output_aliases={len(args) + i: i for i in range(len(outs))},
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret_mode(),
-    )(*args, *([out] if aliased else []))
+    )(*args, *outs)
 
 
 def _weights(experts, name, int4_weights):
@@ -132,24 +173,39 @@ def _route(cfg, dtype) -> str:
 
 
 def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None):
-    """h [R, I] x.dtype: SiLU(x[row_token] @ Wg[e]) * (x[row_token] @ Wu[e]) for every used block."""
+    """h [R, I] x.dtype: SiLU(x[row_token] @ Wg[e]) * (x[row_token] @ Wu[e]) for every used block.
+
+    cfg.split_k > 1: the kernel writes float32 gate and up partial sums [split_k, R, I] (`out`: a
+    pair of such buffers) and XLA reduces them and applies the epilogue.
+    """
     bn = _col_block(dm.intermediate, cfg.bn_up)
     kernel = functools.partial(_gate_up_kernel, bm=cfg.bm, bn=bn, k=dm.hidden, int4_weights=dm.int4,
-                               route=_route(cfg, x.dtype))
+                               route=_route(cfg, x.dtype), cfg=cfg)
     args = [row_token, block_expert, x, *_weights(experts, "gate", dm.int4),
             *_weights(experts, "up", dm.int4)]
-    shape = jax.ShapeDtypeStruct((row_token.shape[0], dm.intermediate), x.dtype)
-    return _call(kernel, (block_expert.shape[0], dm.intermediate // bn), shape, args, cfg, out)
+    grid = (block_expert.shape[0], dm.intermediate // bn)
+    rows = row_token.shape[0]
+    if cfg.split_k == 1:
+        shape = jax.ShapeDtypeStruct((rows, dm.intermediate), x.dtype)
+        return _call(kernel, grid, shape, args, cfg, out)
+    part = jax.ShapeDtypeStruct((cfg.split_k, rows, dm.intermediate), jnp.float32)
+    g, u = _call(kernel, grid, (part, part), args, cfg, out)
+    return _silu_mul(g.sum(0), u.sum(0)).astype(x.dtype)
 
 
 def down(h, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
-    """y [R, d] float32: row_weight[row] * (h[row] @ Wd[e]) for every used block."""
+    """y [R, d] float32: row_weight[row] * (h[row] @ Wd[e]) for every used block.
+
+    cfg.split_k > 1: the kernel writes partial sums [split_k, R, d] (`out`: such a buffer), summed here.
+    """
     bn = _col_block(dm.hidden, cfg.bn_down)
     kernel = functools.partial(_down_kernel, bm=cfg.bm, bn=bn, k=dm.intermediate,
-                               int4_weights=dm.int4, route=_route(cfg, h.dtype))
+                               int4_weights=dm.int4, route=_route(cfg, h.dtype), cfg=cfg)
     args = [row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
-    shape = jax.ShapeDtypeStruct((h.shape[0], dm.hidden), jnp.float32)
-    return _call(kernel, (block_expert.shape[0], dm.hidden // bn), shape, args, cfg, out)
+    split = (cfg.split_k,) if cfg.split_k > 1 else ()
+    shape = jax.ShapeDtypeStruct((*split, h.shape[0], dm.hidden), jnp.float32)
+    y = _call(kernel, (block_expert.shape[0], dm.hidden // bn), shape, args, cfg, out)
+    return y.sum(0) if split else y
 
 
 def routed_rows(topk_ids, topk_weights, num_experts: int, bm: int):

@@ -2,7 +2,10 @@
 
 `config(T)` returns the entry of the smallest `max_tokens` >= T. Fields: bm (rows per block, the
 routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
-num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits").
+num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits"). Experimental (Pallas
+kernels only, off by default until measured): scale_weights (group scale applied to the dequantised
+weights, one accumulator instead of a rescale per 32-row plane), swap_ab (weight tile on the MMA's M
+side), split_k (K split over this many programs, float32 partial sums reduced in XLA).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ class MoEConfig(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3
     dequant: str = "asm"
+    scale_weights: bool = False
+    swap_ab: bool = False
+    split_k: int = 1
 
 
 # (max_tokens, config); the last entry covers every larger T. From the H200 sweep of 2026-11-30
