@@ -138,3 +138,50 @@ def test_pallas_rejects_non_pow2_split():
     with pytest.raises(ValueError, match="power-of-two"):
         mla_attention(args["q"], args["kv"], args["ctx_lens"], args["node_mask"], scale=0.1, v_dim=12,
                       impl="pallas_triton")
+
+
+V_SPLIT_CONFIGS = [
+    pallas_triton.BlockConfig(block_m=16, block_n=16, num_splits=1, v_split=2),
+    pallas_triton.BlockConfig(block_m=8, block_n=16, num_splits=3, v_split=2),
+    pallas_triton.BlockConfig(block_m=16, block_n=32, num_splits=2, v_split=4),
+]
+
+
+@pytest.mark.parametrize("config", V_SPLIT_CONFIGS, ids=lambda c: f"{c.name}_splits{c.num_splits}")
+def test_pallas_v_split_poisoned(config):
+    """V columns split across programs: ragged ctx incl. 0, rows (Q*H = 30) and contexts off the blocks,
+    bushy/chain/random trees, a row that sees nothing; NaN-filled outputs must all be overwritten."""
+    q, kv, ctx_lens, node_mask, vis = make_case(11, 3, 10, 3, 40, 32, 90, [0, 41, 79],
+                                                ["bushy", "random", "chain"], jnp.float32)
+    vis[0, 6] = False
+    node_mask = visibility_to_mask(vis)
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32,
+                                             config=config, poison=True)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32)
+    assert_close(out, ref, 1e-5, f"pallas {config}")
+    assert np.all(np.asarray(out)[0, 6] == 0)
+
+
+@pytest.mark.parametrize("v_split,num_splits", [(2, 1), (4, None)])
+def test_pallas_v_split_k2_layout_two_words(v_split, num_splits):
+    """Kimi-K2 widths (Dk 512 + 64), Q = 37 (two mask words), bf16, ctx 0 and off-block, poisoned."""
+    q, kv, ctx_lens, node_mask, _ = make_case(5, 2, 37, 2, 576, 512, 120, [0, 70], ["bushy", "star"],
+                                              jnp.bfloat16)
+    config = pallas_triton.BlockConfig(block_m=32, block_n=32, num_splits=num_splits, v_split=v_split)
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
+                                             config=config, poison=True)
+    assert out.shape == (2, 37, 2, 512) and out.dtype == jnp.bfloat16
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
+    assert_close(out, ref, TOL[jnp.bfloat16], f"pallas v_split={v_split}")
+
+
+def test_block_config_parse_and_v_split_checks():
+    cfg = pallas_triton.BlockConfig.parse("64x32x4x2v2")
+    assert cfg == pallas_triton.BlockConfig(block_m=64, block_n=32, num_warps=4, num_stages=2, v_split=2)
+    assert cfg.name == "64x32x4x2v2" and pallas_triton.BlockConfig.parse("32x64x4x2") == pallas_triton.BlockConfig()
+    assert pallas_triton.default_splits(8, 1024, 8208, 64, 2) == pallas_triton.default_splits(8, 1024, 8208, 32)
+    q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 2, 24, 16, 10, [4], ["chain"], jnp.float32)
+    for v_split in (3, 32):
+        with pytest.raises(ValueError, match="v_split"):
+            pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.1, v_dim=16,
+                                               config=pallas_triton.BlockConfig(v_split=v_split))

@@ -2,11 +2,20 @@
 
 Rows of a program are BLOCK_M consecutive (node, head) pairs of one stream (q viewed as
 [S, Q*H, Dk]), so each K/V tile loaded from the shared latent head serves BLOCK_M query rows.
-QK runs as two dots, latent [.., :v_dim] and rope [.., v_dim:], whose widths must be powers of
-two (512 + 64 for Kimi-K2). The context is split across `num_splits` programs; each keeps an
-online softmax in float32 and, when split, writes partial (acc, m, l) that an XLA combine merges.
-The last split also takes the tree block: keys at slots ctx + t, 32 at a time, visible per row
-by one word of the node bitmask (pre-expanded to rows as [S, W, Q*H]).
+The latent [.., :v_dim] and rope [.., v_dim:] widths must be powers of two (512 + 64 for Kimi-K2).
+The context is split across `num_splits` programs; each keeps an online softmax in float32 and,
+when split, writes partial (acc, m, l) that an XLA combine merges. The last split also takes the
+tree block: keys at slots ctx + t, 32 at a time, visible per row by one word of the node bitmask
+(pre-expanded to rows as [S, W, Q*H]).
+
+`v_split` > 1 splits the V columns across programs to cut the float32 accumulator of a row from
+v_dim to v_dim / v_split registers' worth (so 64- and 128-row tiles, the M of Hopper's warpgroup
+MMA, fit): the v_split programs of a row block each recompute the full QK^T and softmax
+statistics but accumulate only their own v_dim / v_split output columns. QK^T then runs as
+v_split latent chunk dots (the program's own V chunk first, so the loaded chunk doubles as V)
+plus the rope dot. Cost: QK^T FLOPs x v_split (total 1.53x at v_split 2, 2.59x at 4 for K2).
+Seen in Triton 3.6's sm_90 output: with 8 warps and block_m = 64 the chained-dot layout replicates
+QK^T on both warpgroups (a further 2x) while PV's columns are split between them.
 """
 
 from __future__ import annotations
@@ -27,20 +36,34 @@ _MIN_SPLIT = 256                # fewest cache slots worth a split of their own
 
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
-    """Tile sizes and launch parameters; num_splits None picks by occupancy."""
+    """Tile sizes and launch parameters; num_splits None picks by occupancy; v_split: see above."""
     block_m: int = 32           # 32x64, 4 warps was fastest of 5 configs on an H200 (ctx 8k, S 8)
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     num_splits: int | None = None
+    v_split: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> "BlockConfig":
+        """'BMxBNxWARPSxSTAGES' with an optional 'vV' suffix (v_split), e.g. '64x32x4x2v2'."""
+        dims, _, v_split = text.partition("v")
+        bm, bn, warps, stages = (int(x) for x in dims.split("x"))
+        return cls(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, v_split=int(v_split or 1))
+
+    @property
+    def name(self) -> str:
+        """The inverse of parse (num_splits is not part of the name)."""
+        v = f"v{self.v_split}" if self.v_split > 1 else ""
+        return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}{v}"
 
 
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def default_splits(num_s: int, rows: int, num_slots: int, block_m: int) -> int:
-    programs = num_s * -(-rows // block_m)
+def default_splits(num_s: int, rows: int, num_slots: int, block_m: int, v_split: int = 1) -> int:
+    programs = num_s * -(-rows // block_m) * v_split
     want = -(-_TARGET_PROGRAMS // programs)
     return max(1, min(want, num_slots // _MIN_SPLIT))
 
@@ -62,20 +85,31 @@ def _update(carry, s, v):
 
 
 def _kernel(ctx_ref, q_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, num_q, rows,
-            num_slots, block_m, block_n, split_len, num_splits):
-    blk, split = pl.program_id(0), pl.program_id(1)
+            num_slots, block_m, block_n, split_len, num_splits, v_split):
+    if v_split == 1:
+        blk, vc = pl.program_id(0), 0
+    else:
+        blk, vc = pl.program_id(0) // v_split, pl.program_id(0) % v_split
+    vw = v_dim // v_split
+    cols = [((vc + j) % v_split) * vw for j in range(v_split)]    # latent chunks, own V chunk first
+    split = pl.program_id(1)
     ctx = ctx_ref[()]
     r0 = blk * block_m
     row_ok = r0 + jnp.arange(block_m) < rows
-    q_lat = plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(0, v_dim)], mask=row_ok[:, None], other=0)
+    q_lat = [plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(c, vw)], mask=row_ok[:, None], other=0)
+             for c in cols]
     q_pe = plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(v_dim, rope)], mask=row_ok[:, None], other=0)
 
     def scores(start, key_ok, n):
+        """Scaled scores [block_m, n] of keys start..start+n, and their own V chunk [n, vw]."""
         rows_k = pl.ds(start, n)
-        k_lat = plgpu.load(kv_ref.at[rows_k, pl.ds(0, v_dim)], mask=key_ok[:, None], other=0)
+        k_lat = [plgpu.load(kv_ref.at[rows_k, pl.ds(c, vw)], mask=key_ok[:, None], other=0) for c in cols]
         k_pe = plgpu.load(kv_ref.at[rows_k, pl.ds(v_dim, rope)], mask=key_ok[:, None], other=0)
-        s = _dot(q_lat, k_lat, 1) + _dot(q_pe, k_pe, 1)
-        return s * scale, k_lat
+        s = _dot(q_lat[0], k_lat[0], 1)
+        for qc, kc in zip(q_lat[1:], k_lat[1:]):
+            s = s + _dot(qc, kc, 1)
+        s = s + _dot(q_pe, k_pe, 1)
+        return s * scale, k_lat[0]
 
     lo = split * split_len
     hi = jnp.minimum(lo + split_len, ctx)
@@ -95,30 +129,36 @@ def _kernel(ctx_ref, q_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, num
         return _update(carry, jnp.where((bit != 0) & key_ok[None, :], s, -jnp.inf), v)
 
     carry = (jnp.full((block_m,), -jnp.inf, jnp.float32), jnp.zeros((block_m,), jnp.float32),
-             jnp.zeros((block_m, v_dim), jnp.float32))
+             jnp.zeros((block_m, vw), jnp.float32))
     carry = jax.lax.fori_loop(0, jnp.maximum(hi - lo + block_n - 1, 0) // block_n, ctx_body, carry)
     num_tree = (split == num_splits - 1).astype(jnp.int32) * -(-num_q // _TREE_BLOCK)
     m, l, acc = jax.lax.fori_loop(0, num_tree, tree_body, carry)
 
-    rows_o = pl.ds(r0, block_m)
+    rows_o, cols_o = pl.ds(r0, block_m), pl.ds(cols[0], vw)
     if num_splits == 1:
         (o_ref,) = out_refs
         out = jnp.where(l[:, None] > 0, acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0)
-        plgpu.store(o_ref.at[rows_o, :], out.astype(o_ref.dtype), mask=row_ok[:, None])
+        plgpu.store(o_ref.at[rows_o, cols_o], out.astype(o_ref.dtype), mask=row_ok[:, None])
     else:
         acc_ref, m_ref, l_ref = out_refs
-        plgpu.store(acc_ref.at[rows_o, :], acc, mask=row_ok[:, None])
+        plgpu.store(acc_ref.at[rows_o, cols_o], acc, mask=row_ok[:, None])
         plgpu.store(m_ref.at[rows_o], m, mask=row_ok)
         plgpu.store(l_ref.at[rows_o], l, mask=row_ok)
 
 
 def _combine(acc, m, l):
-    """Partials acc [S,P,R,V], m and l [S,P,R] -> normalised [S,R,V] float32."""
+    """Partials acc [S,P,R,V], m and l [S,P,C,R] (column chunk c of acc has its own m, l)
+    -> normalised [S,R,V] float32."""
+    num_s, _, rows, v_dim = acc.shape
+    num_c = m.shape[2]
+    acc = acc.reshape(*acc.shape[:3], num_c, v_dim // num_c)           # [S,P,R,C,V/C]
+    m, l = m.transpose(0, 1, 3, 2), l.transpose(0, 1, 3, 2)             # [S,P,R,C]
     m_max = m.max(axis=1, keepdims=True)
     w = jnp.where(m == -jnp.inf, 0.0, jnp.exp(m - jnp.where(m_max == -jnp.inf, 0.0, m_max)))
     total = (w * l).sum(axis=1)
     out = (w[..., None] * acc).sum(axis=1)
-    return jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
+    out = jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
+    return out.reshape(num_s, rows, v_dim)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "v_dim", "config", "poison"))
@@ -134,13 +174,16 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     if not (_is_pow2(v_dim) and _is_pow2(rope)):
         raise ValueError(f"pallas_triton mla_attention needs power-of-two v_dim and Dk - v_dim; "
                          f"got v_dim={v_dim}, Dk={dk}")
+    vs = config.v_split
+    if not (_is_pow2(vs) and v_dim % vs == 0):
+        raise ValueError(f"v_split must be a power of two dividing v_dim={v_dim}; got {vs}")
     rows = num_q * num_h
     bm, bn = config.block_m, config.block_n
-    splits = config.num_splits or default_splits(num_s, rows, num_slots, bm)
+    splits = config.num_splits or default_splits(num_s, rows, num_slots, bm, vs)
     split_len = -(-(-(-num_slots // splits)) // bn) * bn
     row_mask = jnp.repeat(node_mask, num_h, axis=1).transpose(0, 2, 1)   # [S, W, Q*H]
 
-    grid = (-(-rows // bm), splits, num_s)
+    grid = (-(-rows // bm) * vs, splits, num_s)
     stream = lambda b, p, s: (s, 0, 0)
     in_specs = [pl.BlockSpec((None,), lambda b, p, s: (s,)),
                 pl.BlockSpec((None, rows, dk), stream),
@@ -151,11 +194,11 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         out_specs = [pl.BlockSpec((None, rows, v_dim), stream)]
     else:
         out_shape = [jax.ShapeDtypeStruct((num_s, splits, rows, v_dim), jnp.float32),
-                     jax.ShapeDtypeStruct((num_s, splits, rows), jnp.float32),
-                     jax.ShapeDtypeStruct((num_s, splits, rows), jnp.float32)]
+                     jax.ShapeDtypeStruct((num_s, splits, vs, rows), jnp.float32),
+                     jax.ShapeDtypeStruct((num_s, splits, vs, rows), jnp.float32)]
         out_specs = [pl.BlockSpec((None, None, rows, v_dim), lambda b, p, s: (s, p, 0, 0)),
-                     pl.BlockSpec((None, None, rows), lambda b, p, s: (s, p, 0)),
-                     pl.BlockSpec((None, None, rows), lambda b, p, s: (s, p, 0))]
+                     pl.BlockSpec((None, None, None, rows), lambda b, p, s: (s, p, b % vs, 0)),
+                     pl.BlockSpec((None, None, None, rows), lambda b, p, s: (s, p, b % vs, 0))]
     args = [ctx_lens, q.reshape(num_s, rows, dk), kv, row_mask]
     aliases = {}
     if poison:
@@ -164,7 +207,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         in_specs += out_specs
     kernel = functools.partial(
         _kernel, scale=scale, v_dim=v_dim, rope=rope, num_q=num_q, rows=rows, num_slots=num_slots,
-        block_m=bm, block_n=bn, split_len=split_len, num_splits=splits)
+        block_m=bm, block_n=bn, split_len=split_len, num_splits=splits, v_split=vs)
     if poison:
         kernel = _drop_aliased_inputs(kernel, len(out_shape))
     outs = pl.pallas_call(

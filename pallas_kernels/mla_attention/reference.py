@@ -29,11 +29,11 @@ def mla_attention_reference(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: 
         c = int(ctx_lens[s])
         keys = kv[s, : c + num_q]                                        # [c+Q, Dk]
         allowed = np.concatenate([np.ones((num_q, c), bool), vis[s]], axis=1)  # [Q, c+Q]
-        scores = np.einsum("qhd,kd->qhk", q[s], keys) * scale
+        scores = np.einsum("qhd,kd->qhk", q[s], keys, optimize=True) * scale
         scores = np.where(allowed[:, None, :], scores, -np.inf)
         seen = allowed.any(axis=1)                                      # [Q]
         m = np.where(seen[:, None], scores.max(axis=-1), 0.0)            # [Q, H]
         p = np.exp(scores - m[..., None])
         denom = np.where(seen[:, None], p.sum(axis=-1), 1.0)
-        out[s] = np.einsum("qhk,kv->qhv", p, keys[:, :v_dim]) / denom[..., None]
+        out[s] = np.einsum("qhk,kv->qhv", p, keys[:, :v_dim], optimize=True) / denom[..., None]
     return out
