@@ -139,6 +139,29 @@ def test_follow_tree_matches_golden(shape, seed, p_follow):
     np.testing.assert_array_equal(np.asarray(bonus), g_bonus)
 
 
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), S=st.sampled_from([1, 3]), B=st.sampled_from([1, 9, 40]),
+       L=st.sampled_from([1, 6]), V=st.sampled_from([1, 3]))
+def test_follow_tree_on_arbitrary_trees_matches_golden(seed, S, B, L, V):
+    """Any tree, also with repeated sibling tokens (the walk takes the first match)."""
+    rng = np.random.default_rng(seed)
+    par = np.full((S, B + 1), -1, np.int32)
+    depth = np.zeros((S, B + 1), np.int32)
+    for s in range(S):
+        for i in range(1, B + 1):
+            par[s, i] = rng.choice([j for j in range(i) if depth[s, j] < L])
+            depth[s, i] = depth[s, par[s, i]] + 1
+    tok = rng.integers(0, V, size=(S, B)).astype(np.int32)
+    vis = T.ancestors(jnp.asarray(par), L)
+    tree = T.Tree(tokens=jnp.asarray(tok), depths=jnp.asarray(depth[:, 1:]), parents=jnp.asarray(par),
+                  num_nodes=jnp.full((S,), B, jnp.int32), visibility=vis, node_mask=T.pack_bits(vis),
+                  scores=jnp.zeros((S, B)), max_depth=L)
+    post = rng.integers(0, V, size=(S, B + 1)).astype(np.int32)
+    got = T.follow_tree(tree, jnp.asarray(post))
+    for g, w in zip(got, R.follow_tree_ref(tok, par, post, L)):
+        np.testing.assert_array_equal(np.asarray(g), w)
+
+
 def test_follow_tree_full_path():
     """A target that agrees with the draft's best chain accepts all L tokens plus the bonus."""
     tree = T.build_tree(jnp.zeros((2, 6, 4)).at[:, :, 2].set(5.0), 30)
