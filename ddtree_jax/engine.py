@@ -217,14 +217,20 @@ def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> Engine
     return stage_accept(dparams, state, tree, logits, cache, taps, tokens, plan)
 
 
-def _step_and_flag(tparams, dparams, state: EngineState, plan: Plan):
-    """One step -> (new state, whether every stream is done): the flag is its own small buffer, so
-    the host can read it after the state has been donated to the next step."""
-    state = speculative_step(tparams, dparams, state, plan)
+def _step_and_flag(tparams, dparams, state: EngineState, plan: Plan, steps: int = 1):
+    """`steps` steps -> (new state, whether every stream is done): the flag is its own small
+    buffer, so the host can read it after the state has been donated to the next call. Several
+    steps run in a fixed-count loop on the device (no host round trip between them, one dispatch
+    for all); steps after a stream is done leave it unchanged."""
+    if steps == 1:
+        state = speculative_step(tparams, dparams, state, plan)
+    else:
+        state = jax.lax.fori_loop(0, steps, lambda _, s: speculative_step(tparams, dparams, s, plan),
+                                  state)
     return state, jnp.all(state.done)
 
 
-_step = jax.jit(_step_and_flag, static_argnames=("plan",), donate_argnames=("state",))
+_step = jax.jit(_step_and_flag, static_argnames=("plan", "steps"), donate_argnames=("state",))
 
 
 # ---- prefill -----------------------------------------------------------------------------------
@@ -326,7 +332,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-             topk_impl: str = "auto", stage_reps: int = 3, warmup: bool = True) -> GenerateResult:
+             topk_impl: str = "auto", stage_reps: int = 3, warmup: bool = True,
+             steps_per_call: int = 1, timing_reps: int = 1) -> GenerateResult:
     """Speculative (or plain autoregressive) generation for S streams with their own prompts.
 
     target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one token list per
@@ -336,7 +343,14 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     enough). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
+    steps_per_call: engine steps per dispatch of the compiled step (see `decode`). timing_reps:
+    decode this many times from copies of the prefilled state; tokens/s uses the median time
+    (every decode is the same computation and yields the same tokens).
     """
+    if not isinstance(steps_per_call, (int, np.integer)) or steps_per_call < 1:
+        raise ValueError(f"steps_per_call must be an int >= 1, got {steps_per_call!r}")
+    if not isinstance(timing_reps, (int, np.integer)) or timing_reps < 1:
+        raise ValueError(f"timing_reps must be an int >= 1, got {timing_reps!r}")
     su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
                temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens,
                max_len=max_len, attn_impl=attn_impl, moe_impl=moe_impl, topk_impl=topk_impl)
@@ -348,16 +362,21 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     prefill_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    step = _step.lower(tparams, dparams, state, plan).compile()
+    step = _step.lower(tparams, dparams, state, plan, steps_per_call).compile()
     compile_s = time.perf_counter() - t0
     copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
     stage_state = copy(state) if stage_reps else None
     if warmup:   # one-time costs of the executable's first run stay out of decode_s
         jax.block_until_ready(step(tparams, dparams, copy(state)))
-    t0 = time.perf_counter()
-    state = decode(step, tparams, dparams, state, su.max_steps)
-    state.out_len.block_until_ready()
-    decode_s = time.perf_counter() - t0
+    prefilled, times = state, []
+    for rep in range(timing_reps):
+        state = prefilled if rep == timing_reps - 1 else copy(prefilled)
+        jax.block_until_ready(state)
+        t0 = time.perf_counter()
+        state = decode(step, tparams, dparams, state, -(-su.max_steps // steps_per_call))
+        state.out_len.block_until_ready()
+        times.append(time.perf_counter() - t0)
+    decode_s = float(np.median(times))
 
     out_len = np.asarray(state.out_len)
     out_tokens = np.asarray(state.out_tokens)
@@ -376,7 +395,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
 
 
 def decode(step, tparams, dparams, state: EngineState, max_steps: int, max_lag: int = 3) -> EngineState:
-    """The host loop: run `step` (a compiled `_step`) until every stream is done or `max_steps`.
+    """The host loop: call `step` (a compiled `_step`) until every stream is done or `max_steps`
+    calls (each runs the step count it was compiled with).
 
     Each step's all-done flag starts its copy to the host when the step is dispatched; the host
     reads a flag once the device has produced it and blocks only while `max_lag` flags are

@@ -5,7 +5,8 @@ x temperature, on the shipped target + drafter pair (or a random tiny pair).
     python experiments/speculative_sweep.py --config=configs/sweep_default.py \
         --config.budgets='(16, 64, 256)' --config.streams='(1, 8)' --config.out_dir=runs/sweep_big
 
-Per point: tau, tokens/s, speedup over ar at the same streams and temperature, the step-time
+Per point: tau, tokens/s (median of `timing_reps` decodes; `steps_per_call` engine steps per
+dispatch), speedup over ar at the same streams and temperature, the step-time
 breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
 (flushed and fsynced); a restart with the same config skips the points already there. At the end:
 a summary table on stdout and <out_dir>/sweep_T<temperature>.png per temperature.
@@ -58,7 +59,8 @@ def grid(cfg, pair_id: str) -> list[dict]:
         for s in cfg.streams:
             base = dict(pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
-                        top_p=cfg.top_p)
+                        top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
+                        timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags)
             methods = [("ar", None)] + [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
                 methods += [("ddtree", int(b)) for b in cfg.budgets]
@@ -81,7 +83,8 @@ def _generate(target, drafter, batches, p: dict, budget: int, cfg) -> dict:
         r = engine.generate(target, drafter, prompts, method=p["method"].replace("-auto", ""),
                             budget=budget, max_new_tokens=p["max_new_tokens"],
                             temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"],
-                            seed=p["seed"], stage_reps=cfg.stage_reps if stage is None else 0)
+                            seed=p["seed"], stage_reps=cfg.stage_reps if stage is None else 0,
+                            steps_per_call=p["steps_per_call"], timing_reps=p["timing_reps"])
         acc += [a for row in r.acceptance_lengths for a in row]
         tokens += sum(len(t) - 1 for t in r.tokens)
         decode += r.decode_seconds
@@ -153,6 +156,8 @@ def main(argv):
     del argv
     cfg = _CONFIG.value
     t0 = time.perf_counter()
+    if cfg.xla_flags:  # read once, when the first computation starts the backend: that is below
+        os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), cfg.xla_flags) if f)
     if cfg.compile_cache:     # identical stages of different points (and reruns) compile once
         jax.config.update("jax_compilation_cache_dir", cfg.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

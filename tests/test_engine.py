@@ -68,6 +68,19 @@ def test_greedy_speculative_equals_ar(pair32, prompts, greedy_ar, method, budget
         assert all(t > 0 for t in out.stage_times.values())
 
 
+def test_several_steps_per_call_change_nothing_but_dispatches(pair32, prompts, greedy_ar):
+    """Steps fused into one call (a device loop) emit what one step per call emits, step by step,
+    including streams that finish in the middle of a call; repeated timed decodes agree too."""
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    kw = dict(method="ddtree", budget=6, max_new_tokens=max_new, stop_tokens=(stop,), stage_reps=0)
+    one = engine.generate(target, drafter, prompts, **kw)
+    fused = engine.generate(target, drafter, prompts, steps_per_call=3, timing_reps=2, **kw)
+    assert fused.tokens == ar.tokens
+    assert fused.acceptance_lengths == one.acceptance_lengths
+    assert fused.steps == one.steps and fused.tau == one.tau
+
+
 def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
     """After several ddtree steps, each stream's committed latent cache and drafter context equal
     those of running its committed tokens through the target (and drafter) from scratch."""
@@ -150,6 +163,10 @@ def test_bad_input(pair32):
         engine.generate(target, drafter, [[1, 2]], method="ddtree", budget=0)
     with pytest.raises(ValueError, match="method"):
         engine.generate(target, drafter, [[1, 2]], method="beam")
+    with pytest.raises(ValueError, match="steps_per_call"):
+        engine.generate(target, drafter, [[1, 2]], method="ar", steps_per_call=0)
+    with pytest.raises(ValueError, match="timing_reps"):
+        engine.generate(target, drafter, [[1, 2]], method="ar", timing_reps=0)
     with pytest.raises(ValueError, match="needs a drafter"):
         engine.generate(target, None, [[1, 2]], method="dflash")
     with pytest.raises(ValueError, match="longer than the cache"):
