@@ -1,8 +1,9 @@
 """The H200 sweep: budgets 16..256 x streams 1/4/16 at temperature 0, held-out prompts, bf16 pair,
-128 new tokens, tokens/s from the median of 3 decodes. 24 points; about 20 s each on an H200
-(compiles and stage times included), so one device call of 10 minutes holds it. Add temperatures
-or budgets with --config.key=value; GPU graph settings with --config.xla_flags (GRAPHS_ALL below
-also records while loops and conditionals, and graphs of any size, into CUDA graphs).
+128 new tokens, 4 engine steps per dispatch, tokens/s from the median of 3 decodes. 24 points;
+about 20 s each on an H200 (compiles and stage times included), so one device call of 10 minutes
+holds it. Add temperatures or budgets with --config.key=value; GPU graph settings with
+--config.xla_flags (GRAPHS_ALL below also records while loops and conditionals, and graphs of any
+size, into CUDA graphs).
 
     python experiments/speculative_sweep.py --config=configs/sweep_h200.py
 """
@@ -28,5 +29,6 @@ def get_config():
     c.batches = 1
     c.stage_reps = 3
     c.timing_reps = 3
+    c.steps_per_call = 4        # a device loop: the host's dispatch would bound ar (BENCHMARKS.md)
     c.out_dir = c.out_dir.replace("sweep_default", "sweep_h200")
     return c

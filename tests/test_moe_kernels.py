@@ -215,7 +215,7 @@ def test_pallas_kernels_write_every_used_row():
     assert_close(y[slot_row], y_ref, 1e-5, "down rows")
 
 
-# Experimental kernel variants (tuning.MoEConfig fields, off by default) against the same goldens and
+# Kernel variants (tuning.MoEConfig fields; scale_weights is in the tuned table) against the same goldens and
 # tolerances. scale_weights rounds each scaled bf16 weight once more (relative <= 2^-8 per weight,
 # about 2e-3 on the output, inside TOL[bf16]); it is exact for float32 activations.
 VARIANTS = {"scale_weights": dict(scale_weights=True), "swap_ab": dict(swap_ab=True),

@@ -2,10 +2,11 @@
 
 `config(T)` returns the entry of the smallest `max_tokens` >= T. Fields: bm (rows per block, the
 routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
-num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits"). Experimental (Pallas
-kernels only, off by default until measured): scale_weights (group scale applied to the dequantised
-weights, one accumulator instead of a rescale per 32-row plane), swap_ab (weight tile on the MMA's M
-side), split_k (K split over this many programs, float32 partial sums reduced in XLA).
+num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits"). Variants of the Pallas
+kernels (the "triton" kernels ignore them): scale_weights (group scale applied to the dequantised
+weights, one accumulator instead of a rescale per 32-row plane: on from T = 5 to 256, where the
+H200 measured 1.24-1.32x), swap_ab (weight tile on the MMA's M side: measured slower), split_k (K
+split over this many programs, float32 partial sums reduced in XLA: measured slower at T = 1).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ class MoEConfig(NamedTuple):
 # (max_tokens, config); the last entry covers every larger T. From the H200 sweep of 2026-11-30
 # (experiments/results/moe_gemm.md): the fastest measured config per T; T <= 1024 from the
 # "triton" run (the pallas sweep did not try it), the others from the pallas_triton sweep.
+# scale_weights at T = 16, 64, 256 from the variants run of the same day (session 3,
+# experiments/results/moe_variants_h200.md): 1594 -> 1282, 3963 -> 3010, 5505 -> 4210 us.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=128)),
     (4, MoEConfig(bm=16, bn_up=64, bn_down=64, dequant="bits")),
-    (16, MoEConfig(bm=16, bn_up=64, bn_down=64)),
-    (256, MoEConfig(bm=16, bn_up=64, bn_down=128)),
+    (16, MoEConfig(bm=16, bn_up=64, bn_down=64, scale_weights=True)),
+    (256, MoEConfig(bm=16, bn_up=64, bn_down=128, scale_weights=True)),
     (1024, MoEConfig(bm=32, bn_up=128, bn_down=128)),
     (1 << 62, MoEConfig(bm=64, bn_up=128, bn_down=128, num_warps=8)),
 )
