@@ -6,6 +6,7 @@ from ddtree_jax.drafter import (DrafterCache, append_context, draft_block, draft
                                 init_drafter, init_drafter_cache)
 from ddtree_jax.drafter_io import load_drafter, save_drafter
 from ddtree_jax.engine import GenerateResult, generate
+from ddtree_jax.serving import serve
 from ddtree_jax.model import (ForwardOut, LatentCache, forward, init_cache, init_target,
                               target_logits)
 from ddtree_jax.tree import Tree, build_tree, follow_tree
@@ -16,5 +17,5 @@ __all__ = [
     "load_target", "save_target_hf", "save_checkpoint", "restore_checkpoint",
     "DrafterCache", "init_drafter", "init_drafter_cache", "drafter_hidden", "append_context",
     "draft_block", "load_drafter", "save_drafter",
-    "Tree", "build_tree", "follow_tree", "GenerateResult", "generate",
+    "Tree", "build_tree", "follow_tree", "GenerateResult", "generate", "serve",
 ]

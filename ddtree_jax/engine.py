@@ -218,8 +218,8 @@ def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> Engine
 
 
 def _step_and_flag(tparams, dparams, state: EngineState, plan: Plan, steps: int = 1):
-    """`steps` steps -> (new state, whether every stream is done): the flag is its own small
-    buffer, so the host can read it after the state has been donated to the next call. Several
+    """`steps` steps -> (new state, done [S] int8: which streams are done): the flags are their own
+    small buffer, so the host can read them after the state has been donated to the next call. Several
     steps run in a fixed-count loop on the device (no host round trip between them, one dispatch
     for all); steps after a stream is done leave it unchanged."""
     if steps == 1:
@@ -227,7 +227,7 @@ def _step_and_flag(tparams, dparams, state: EngineState, plan: Plan, steps: int 
     else:
         state = jax.lax.fori_loop(0, steps, lambda _, s: speculative_step(tparams, dparams, s, plan),
                                   state)
-    return state, jnp.all(state.done)
+    return state, state.done.astype(jnp.int8)
 
 
 _step = jax.jit(_step_and_flag, static_argnames=("plan", "steps"), donate_argnames=("state",))
@@ -399,8 +399,8 @@ def decode(step, tparams, dparams, state: EngineState, max_steps: int, max_lag: 
     """The host loop: call `step` (a compiled `_step`) until every stream is done or `max_steps`
     calls (each runs the step count it was compiled with).
 
-    Each step's all-done flag starts its copy to the host when the step is dispatched; the host
-    reads a flag once the device has produced it and blocks only while `max_lag` flags are
+    Each call's done flags start their copy to the host when the call is dispatched; the host
+    reads them once the device has produced them and blocks only while `max_lag` of them are
     outstanding, so the device never waits for the host's round trip (on an H200 that round trip
     took more than half of the shipped pair's step). Steps dispatched after the last useful one
     (at most `max_lag` calls, plus the rest of the last useful call) find every stream done and
@@ -415,7 +415,7 @@ def decode(step, tparams, dparams, state: EngineState, max_steps: int, max_lag: 
         finished.copy_to_host_async()
         flags.append(finished)
         while flags and (len(flags) > max_lag or flags[0].is_ready()):
-            if bool(flags.popleft()):
+            if np.all(np.asarray(flags.popleft())):
                 return state
     return state
 

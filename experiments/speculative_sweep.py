@@ -6,7 +6,8 @@ x temperature, on the shipped target + drafter pair (or a random tiny pair).
         --config.budgets='(16, 64, 256)' --config.streams='(1, 8)' --config.out_dir=runs/sweep_big
 
 Per point: tau, tokens/s (median of `timing_reps` decodes; `steps_per_call` engine steps per
-dispatch), speedup over ar at the same streams and temperature, the step-time
+dispatch; with `requests` > 0, `requests` prompts served through `streams` slots by continuous
+batching, ddtree_jax.serving), speedup over ar at the same streams and temperature, the step-time
 breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
 (flushed and fsynced); a restart with the same config skips the points already there. At the end:
 a summary table on stdout and <out_dir>/sweep_T<temperature>.png per temperature.
@@ -27,7 +28,7 @@ from ml_collections import config_flags
 
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
-from ddtree_jax import engine, sweep_io
+from ddtree_jax import engine, serving, sweep_io
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/sweep_default.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "sweep config file")
@@ -60,7 +61,8 @@ def grid(cfg, pair_id: str) -> list[dict]:
             base = dict(pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
-                        timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags)
+                        timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
+                        requests=cfg.requests)
             methods = [("ar", None)] + [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
                 methods += [("ddtree", int(b)) for b in cfg.budgets]
@@ -76,15 +78,27 @@ def _batches(prompts, streams: int, batches: int):
     return [cycled[i * streams:(i + 1) * streams] for i in range(batches)]
 
 
-def _generate(target, drafter, batches, p: dict, budget: int, cfg) -> dict:
-    """Run every prompt batch; tau over all (stream, step) pairs, tokens/s = tokens / decode time."""
+def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> dict:
+    """Run every prompt batch (static batches), or serve p["requests"] requests through
+    p["streams"] slots (continuous batching, `prompts` cycled); tau over all (stream, step) pairs,
+    tokens/s = tokens / decode time."""
+    kw = dict(method=p["method"].replace("-auto", ""), budget=budget,
+              max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
+              top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"])
+    if p["requests"]:
+        r = serving.serve(target, drafter, [prompts[i % len(prompts)] for i in range(p["requests"])],
+                          streams=p["streams"], **kw)
+        stage = {}   # the breakdown comes from a static batch
+        if cfg.stage_reps:
+            stage = engine.generate(target, drafter, batches[0], stage_reps=cfg.stage_reps,
+                                    **kw).stage_times
+        return dict(tau=r.tau, tokens_per_second=r.tokens_per_second,
+                    generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
+                    compile_seconds=r.compile_seconds, steps=r.steps, stage_times=stage)
     acc, tokens, decode, compile_s, steps, stage = [], 0, 0.0, 0.0, 0, None
-    for prompts in batches:
-        r = engine.generate(target, drafter, prompts, method=p["method"].replace("-auto", ""),
-                            budget=budget, max_new_tokens=p["max_new_tokens"],
-                            temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"],
-                            seed=p["seed"], stage_reps=cfg.stage_reps if stage is None else 0,
-                            steps_per_call=p["steps_per_call"], timing_reps=p["timing_reps"])
+    for batch in batches:
+        r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
+                            timing_reps=p["timing_reps"], **kw)
         acc += [a for row in r.acceptance_lengths for a in row]
         tokens += sum(len(t) - 1 for t in r.tokens)
         decode += r.decode_seconds
@@ -121,8 +135,8 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
         budget = choice.budget
         extra = dict(expected_tau=choice.expected_tau, curve_budgets=list(curve.budgets),
                      curve_seconds=list(curve.seconds), choose_seconds=time.perf_counter() - t0)
-    rec = dict(p, key=sweep_io.point_key(p), **_generate(target, drafter, batches, p, budget, cfg),
-               **extra)
+    rec = dict(p, key=sweep_io.point_key(p), **extra,
+               **_generate(target, drafter, prompts, batches, p, budget, cfg))
     rec["budget"] = budget if p["method"].startswith("ddtree") else None
     ar = log.records.get(_group(p, method="ar", budget=None))
     base = rec["tokens_per_second"] if p["method"] == "ar" else (ar or {}).get("tokens_per_second")

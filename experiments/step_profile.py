@@ -83,7 +83,7 @@ def _run_steps(step, tparams, dparams, state, n: int, loop: str):
         return jax.block_until_ready(engine.decode(step, tparams, dparams, state, n))
     for _ in range(n):
         state, finished = step(tparams, dparams, state)
-        if loop == "sync" and bool(finished):
+        if loop == "sync" and np.all(np.asarray(finished)):
             break
     return jax.block_until_ready(state)
 

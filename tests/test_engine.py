@@ -81,6 +81,41 @@ def test_several_steps_per_call_change_nothing_but_dispatches(pair32, prompts, g
     assert fused.steps == one.steps and fused.tau == one.tau
 
 
+@pytest.mark.parametrize("method, streams, steps_per_call", [("ddtree", 5, 1), ("ar", 7, 3)])
+def test_serve_refills_slots_and_equals_generate(pair32, prompts, greedy_ar, method, streams,
+                                                 steps_per_call):
+    """24 requests through fewer slots (each refilled with the next request as soon as the host
+    sees it done, some stopping early, some admitted mid-call): every request's greedy output equals
+    the static batch's, and its acceptance lengths account for its tokens."""
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    out = dj.serve(target, drafter, prompts, streams=streams, method=method, budget=6,
+                   max_new_tokens=max_new, stop_tokens=(stop,), steps_per_call=steps_per_call)
+    assert len(out.tokens) == len(prompts)
+    for r, (got, want) in enumerate(zip(out.tokens, ar.tokens)):
+        assert got == want, f"request {r}: {got} != {want}"
+    for acc, toks in zip(out.acceptance_lengths, out.tokens):
+        assert sum(acc) >= len(toks) - 1 and all(a >= 1 for a in acc)
+        assert method != "ar" or acc == [1] * len(acc)
+    # fewer slots than requests: more steps than any one request needs, fewer than one at a time
+    per_request = [len(a) for a in out.acceptance_lengths]
+    assert max(per_request) <= out.steps < sum(per_request)
+    assert out.tokens_per_second > 0 and out.prefill_seconds > 0
+
+
+def test_serve_more_slots_than_requests_and_bad_input(pair32, prompts, greedy_ar):
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    out = dj.serve(target, drafter, prompts[:3], streams=8, method="ar", max_new_tokens=max_new[:3],
+                   stop_tokens=(stop,))
+    assert out.tokens == ar.tokens[:3]
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="streams"):
+            dj.serve(target, drafter, prompts[:3], streams=bad, method="ar")
+    with pytest.raises(ValueError, match="steps_per_call"):
+        dj.serve(target, drafter, prompts[:3], streams=2, method="ar", steps_per_call=0)
+
+
 def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
     """After several ddtree steps, each stream's committed latent cache and drafter context equal
     those of running its committed tokens through the target (and drafter) from scratch."""

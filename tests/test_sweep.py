@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ddtree_jax import sweep_io
+from ddtree_jax import engine, sweep_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,3 +127,21 @@ def test_sweep_configs_hold_their_command(name):
     assert f"experiments/speculative_sweep.py --config=configs/{name}.py" in mod.__doc__
     cfg = mod.get_config()
     assert cfg.methods and cfg.streams and cfg.temperatures and cfg.out_dir
+
+
+def test_served_point_runs_every_request_through_the_slots(tmp_path):
+    """requests > 0: the point serves that many requests (prompts cycled) through `streams` slots,
+    with the same tau and tokens as the static batches would give at temperature 0."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), "", methods=("ddtree",), streams=(2,), requests=5,
+                          max_new_tokens=4))
+    target, drafter, prompts, pair = sweep.load_pair(cfg)
+    points = sweep.grid(cfg, pair)
+    assert [(p["method"], p["requests"]) for p in points] == [("ar", 5), ("ddtree", 5)]
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
+    assert rec["generated"] == 5 * 3 and rec["steps"] >= 3 and rec["tau"] >= 1
+    static = engine.generate(target, drafter, [prompts[i % len(prompts)] for i in range(5)],
+                             method="ddtree", budget=2, max_new_tokens=4, stage_reps=0)
+    assert rec["tau"] == pytest.approx(static.tau)
