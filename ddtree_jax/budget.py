@@ -78,18 +78,19 @@ def _state(target, drafter, prompts, budget, temperature, max_new_tokens, seed):
 
 def measure_step_times(target, drafter, prompts: Sequence[Sequence[int]], budgets: Sequence[int], *,
                        temperature: float = 0.0, max_new_tokens: int = 32, reps: int = 3,
-                       seed: int = 0) -> StepTimeCurve:
-    """Seconds per jitted ddtree step at each budget, as the engine's loop runs it: `reps` steps
-    dispatched back to back (after a warm-up step), divided by `reps`."""
+                       seed: int = 0, steps_per_call: int = 1) -> StepTimeCurve:
+    """Seconds per jitted ddtree step at each budget, as the engine's loop runs it: `reps` calls of
+    `steps_per_call` steps dispatched back to back (after a warm-up call), per step."""
     times = []
     for b in budgets:
         su, state = _state(target, drafter, prompts, int(b), temperature, max_new_tokens, seed)
-        state, _ = jax.block_until_ready(engine._step(target[1], drafter[1], state, su.plan))
+        state, _ = jax.block_until_ready(engine._step(target[1], drafter[1], state, su.plan,
+                                                      steps_per_call))
         t0 = time.perf_counter()
         for _ in range(reps):
-            state, _ = engine._step(target[1], drafter[1], state, su.plan)
+            state, _ = engine._step(target[1], drafter[1], state, su.plan, steps_per_call)
         jax.block_until_ready(state)
-        times.append((time.perf_counter() - t0) / reps)
+        times.append((time.perf_counter() - t0) / (reps * steps_per_call))
     return StepTimeCurve(tuple(int(b) for b in budgets), tuple(times))
 
 

@@ -391,7 +391,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     return GenerateResult(
         tokens=tokens, acceptance_lengths=acc, tau=float(flat.mean()) if flat.size else 0.0,
         tokens_per_second=generated / decode_s if decode_s > 0 else 0.0,
-        stage_times=stage_times(tparams, dparams, stage_state, plan, stage_reps) if stage_reps else {},
+        stage_times=(stage_times(tparams, dparams, stage_state, plan, stage_reps, steps_per_call)
+                     if stage_reps else {}),
         steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s)
 
 
@@ -420,8 +421,11 @@ def decode(step, tparams, dparams, state: EngineState, max_steps: int, max_lag: 
     return state
 
 
-def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3) -> dict:
-    """Seconds per call of each stage, jitted on its own, on `state` (which is not modified).
+def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,
+                steps_per_call: int = 1) -> dict:
+    """Seconds per call of each stage, jitted on its own, on `state` (which is not modified);
+    "step" is the engine's compiled step dispatched as `decode` does (`steps_per_call` steps per
+    call), per step.
 
     Each stage runs `reps` times back to back after a warm-up call, as the decode loop dispatches
     steps, and the mean is reported. Verify, accept and the fused step donate the state (and the
@@ -453,5 +457,7 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3)
         jit(stage_verify, ("state",)), lambda: (tparams, copy(state), tree))
     times["accept"], _ = timed(jit(stage_accept, ("state", "cache")),
                                lambda: (dparams, copy(state), tree, vlogits, copy(cache), taps, tokens))
-    times["step"], _ = timed(jit(speculative_step, ("state",)), lambda: (tparams, dparams, copy(state)))
+    per_call, _ = timed(functools.partial(_step, steps=steps_per_call),
+                        lambda: (tparams, dparams, copy(state)))
+    times["step"] = per_call / steps_per_call
     return times

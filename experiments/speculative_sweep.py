@@ -128,7 +128,8 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
         else:
             curve = budgets.measure_step_times(target, drafter, batches[0], cfg.budgets,
                                                temperature=p["temperature"],
-                                               max_new_tokens=p["max_new_tokens"], seed=p["seed"])
+                                               max_new_tokens=p["max_new_tokens"], seed=p["seed"],
+                                               steps_per_call=p["steps_per_call"])
         choice = budgets.choose_budget(target, drafter, batches[0], curve, steps=cfg.auto_steps,
                                        temperature=p["temperature"],
                                        max_new_tokens=p["max_new_tokens"], seed=p["seed"])
