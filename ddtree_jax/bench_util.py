@@ -1,7 +1,14 @@
-"""Helpers shared by the benchmark entry points in experiments/: timing and markdown tables."""
+"""Helpers shared by the benchmark entry points in experiments/: timing, profiler traces and
+markdown tables."""
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
+import json
+import os
+import tempfile
 import time
 from typing import Callable, Sequence
 
@@ -32,3 +39,63 @@ def markdown_table(rows: Sequence[dict], cols: Sequence[str], headers: Sequence[
     out = ["| " + " | ".join(headers or cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(out)
+
+
+def intervals_union(spans: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by the (start, end) spans."""
+    total, end = 0.0, -np.inf
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def device_kernels(trace_dir: str) -> tuple[list[dict], list[str]]:
+    """(kernel events {name, ts, dur} in us on the device streams, every process name) of the
+    newest trace in trace_dir."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        return [], []
+    with gzip.open(files[-1], "rt") as f:
+        events = json.load(f).get("traceEvents", [])
+    procs, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            procs[e["pid"]] = e["args"].get("name", "")
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e["args"].get("name", "")
+    device = {pid for pid, name in procs.items() if "/device:GPU" in name or "/device:TPU" in name}
+    streams = {k for k, name in threads.items() if k[0] in device and name.startswith("Stream")}
+    keep = streams or {k for k in threads if k[0] in device}
+    return [dict(name=e.get("name", "?"), ts=float(e["ts"]), dur=float(e.get("dur", 0.0)))
+            for e in events if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in keep], \
+        sorted(procs.values())
+
+
+def kernel_summary(kernels: Sequence[dict], per: int, top: int = 8) -> dict:
+    """Device time of `per` calls' kernel events, per call: busy_us (union of kernel intervals),
+    kernels (count) and the `top` kernels by time [{name, count, us}]."""
+    by_name = collections.defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        by_name[k["name"]][0] += 1
+        by_name[k["name"]][1] += k["dur"]
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return dict(busy_us=intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in kernels]) / per,
+                kernels=len(kernels) / per,
+                top=[dict(name=n, count=c / per, us=t / per) for n, (c, t) in ranked])
+
+
+def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8) -> dict | None:
+    """Profile `calls` back-to-back calls of fn(*args) (after one untimed call) -> kernel_summary
+    per call, or None when the trace holds no device kernels (a CPU backend). Device time from a
+    trace leaves out the host's dispatch, which a wall clock around small calls mostly measures."""
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(calls):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        kernels, _ = device_kernels(d)
+    return kernel_summary(kernels, calls, top) if kernels else None

@@ -7,12 +7,14 @@ for each T in --tokens, random routings. Measures in the same run the device-to-
 (torch copy_) and the bf16 matmul rate (max of torch and XLA); checks every implementation against
 the float64 numpy golden on two check tokens before timing it; times the pallas_triton sweep, the
 triton kernels, the "xla" path, dequantise-then-ragged_dot and the bf16-weights path. Prints a
-table last and writes moe.json / moe.md under --out_dir.
+table last and writes moe.json / moe.md under --out_dir. --trace adds each timed implementation's
+device-busy time per call and its kernels from a profiler trace (the wall-clock time of small calls
+can be mostly host dispatch).
 
 --impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
 split_k) on top of the tuned config per T, each checked against the golden before timing; and
 "parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
-alone. One H200 run of the variants against the default:
+alone (gate_up, down and combine each include the routing). One H200 run of the variants against the default:
   python3 experiments/kernel_bench.py --op=moe --impls=pallas_triton,variants --sweep=false \
       --tokens=1,4,16,64,256 --out_dir=$OUT
 """
@@ -28,6 +30,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ddtree_jax import bench_util  # noqa: E402
+
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("op", "moe", ["moe"], "operation to benchmark")
 flags.DEFINE_string("out_dir", "/tmp/kernel_bench", "where results go")
@@ -40,6 +44,8 @@ flags.DEFINE_integer("inter", 2048, "I")
 flags.DEFINE_integer("topk", 8, "k")
 flags.DEFINE_bool("sweep", True, "time the pallas_triton config sweep (else the tuned table only)")
 flags.DEFINE_float("min_time_s", 0.15, "time budget per measurement")
+flags.DEFINE_bool("trace", False, "also profile each timed implementation: device-busy time per "
+                  "call and its kernels (GPU; separates device work from host dispatch)")
 
 
 def measure_ceilings() -> dict:
@@ -224,6 +230,9 @@ def bench_moe() -> dict:
         for t in map(int, FLAGS.tokens):
             key = jax.random.fold_in(keys[7], t)
             ids_all, w_all, _ = _routings(key, t, e, k, 4)
+            # per-input arrays made once: indexing a stacked array inside the timed loop would add
+            # eager slicing dispatches to every timed call
+            ids_all, w_all = [ids_all[r] for r in range(4)], [w_all[r] for r in range(4)]
             xs = [jax.random.normal(jax.random.fold_in(key, r), (t, d), jnp.bfloat16) for r in range(4)]
             active = float(np.mean([np.unique(np.asarray(a)).size for a in ids_all]))
             nbytes = active * expert_bytes + 2 * t * d * 2
@@ -264,6 +273,11 @@ def bench_moe() -> dict:
                                 FLAGS.min_time_s)
                     row.update(time_us=sec * 1e6, GBps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / bw,
                                pct_floor=100 * floor / sec)
+                    traced = (bench_util.traced_device_time(fn, xs[0], ids_all[0], w_all[0], ex)
+                              if FLAGS.trace else None)
+                    if traced:
+                        row.update(device_us=traced["busy_us"], kernels=traced["kernels"],
+                                   top_kernels=traced["top"])
                 except Exception as exc:  # record and go on: OOM, compile failure, wrong result
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
@@ -298,6 +312,11 @@ def _time_parts(t, e, k, xs, ids_all, w_all, ex) -> list:
 
             sec = _time(call, FLAGS.min_time_s)
             rows.append({"impl": f"parts:{name}{tuple(cfg)[:6]}", "T": t, "time_us": sec * 1e6})
+            traced = (bench_util.traced_device_time(fn, inputs[name][0], ids_all[0], w_all[0], ex)
+                      if FLAGS.trace else None)
+            if traced:
+                rows[-1].update(device_us=traced["busy_us"], kernels=traced["kernels"],
+                                top_kernels=traced["top"])
     except Exception as exc:
         rows.append({"impl": "parts", "T": t, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
     for row in rows:
@@ -312,16 +331,18 @@ def jax_leaf(out):
 
 
 def _table(res: dict) -> str:
-    lines = ["| T | impl | active E | MB moved | time us | GB/s | % copy | % floor | rel err |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| T | impl | active E | MB moved | time us | GB/s | % copy | % floor | rel err "
+             "| device us (trace) | kernels |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["impl"].startswith("parts"):
             lines.append(f"| {r['T']} | {r['impl']} | | | {r.get('time_us', 0):.1f} | | | | "
-                         f"{r.get('error', '')[:80]} |")
+                         f"{r.get('error', '')[:80]} | {r.get('device_us', float('nan')):.1f} | "
+                         f"{r.get('kernels', float('nan')):.0f} |")
         elif "time_us" in r:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
                          f"{r['time_us']:.1f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | {r['pct_floor']:.1f} | "
-                         f"{r['rel_err']:.1e} |")
+                         f"{r['rel_err']:.1e} | {r.get('device_us', float('nan')):.1f} | "
+                         f"{r.get('kernels', float('nan')):.0f} |")
         else:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | | | | | | "
                          f"{r.get('error', '')[:80]} |")

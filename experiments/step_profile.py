@@ -16,9 +16,6 @@ no device streams and only the wall time is reported.
 
 from __future__ import annotations
 
-import collections
-import glob
-import gzip
 import json
 import os
 import tempfile
@@ -30,7 +27,7 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import data, engine
+from ddtree_jax import bench_util, data, engine
 
 _PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "target/, drafter/, heldout_prompts.json")
 _METHODS = flags.DEFINE_list("methods", ["ar", "dflash", "ddtree"], "engine methods")
@@ -41,38 +38,6 @@ _TOP = flags.DEFINE_integer("top", 8, "kernels listed per point")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
 _OUT = flags.DEFINE_string("out", "", "write all points as JSON here")
 LOOPS = ("sync", "engine", "async")
-
-
-def _intervals_union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -np.inf
-    for s, e in sorted(spans):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
-
-
-def device_kernels(trace_dir: str) -> tuple[list[dict], list[str]]:
-    """(kernel events {name, ts, dur} in us on the device streams, every process name) of the
-    newest trace in trace_dir."""
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
-                   key=os.path.getmtime)
-    if not files:
-        return [], []
-    with gzip.open(files[-1], "rt") as f:
-        events = json.load(f).get("traceEvents", [])
-    procs, threads = {}, {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            procs[e["pid"]] = e["args"].get("name", "")
-        elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[(e["pid"], e["tid"])] = e["args"].get("name", "")
-    device = {pid for pid, name in procs.items() if "/device:GPU" in name or "/device:TPU" in name}
-    streams = {k for k, name in threads.items() if k[0] in device and name.startswith("Stream")}
-    keep = streams or {k for k in threads if k[0] in device}
-    return [dict(name=e.get("name", "?"), ts=float(e["ts"]), dur=float(e.get("dur", 0.0)))
-            for e in events if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in keep], \
-        sorted(procs.values())
 
 
 def _run_steps(step, tparams, dparams, state, n: int, loop: str):
@@ -106,21 +71,16 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             _run_steps(step, target[1], dparams, state, steps, "engine")
-        kernels, procs = device_kernels(d)
+        kernels, procs = bench_util.device_kernels(d)
     rec = dict(method=method, budget=budget if method == "ddtree" else None, streams=len(prompts),
                steps=steps, **{f"wall_{k}_ms": v for k, v in walls.items()},
                kernels_per_step=len(kernels) / steps)
     if not kernels and jax.default_backend() != "cpu":
         rec["trace_processes"] = procs          # no device streams recognised: say what was there
     if kernels:
-        busy = _intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in kernels]) / steps
-        by_name = collections.defaultdict(lambda: [0, 0.0])
-        for k in kernels:
-            by_name[k["name"]][0] += 1
-            by_name[k["name"]][1] += k["dur"]
-        ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-        rec.update(busy_ms=busy / 1e3, busy_fraction=busy / 1e3 / rec["wall_engine_ms"],
-                   top=[dict(name=n, per_step=c / steps, us_per_step=t / steps) for n, (c, t) in ranked])
+        k = bench_util.kernel_summary(kernels, steps, top)
+        rec.update(busy_ms=k["busy_us"] / 1e3, busy_fraction=k["busy_us"] / 1e3 / rec["wall_engine_ms"],
+                   top=[dict(name=t["name"], per_step=t["count"], us_per_step=t["us"]) for t in k["top"]])
     return rec
 
 

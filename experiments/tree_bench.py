@@ -18,7 +18,10 @@ depends on the tree's depth (printed with the checks): N(0, scale^2) logits give
 --peak gives deep ones.
 Device time of an on-device stage = (t(n) - t(1)) / (n - 1), where t(n) is the median wall time of
 one jitted call running the stage on n distinct inputs back to back: this removes the host
-dispatch cost (~56 us on an H200) that a single call carries. The reference is host wall time.
+dispatch cost (~56 us on an H200) that a single call carries, but differences of wall times are
+noisy at tens of microseconds. "build_tree, trace" is the device-busy time per call from a
+profiler trace of --reps back-to-back calls (the union of kernel intervals; GPU only), printed with
+its kernels. The reference is host wall time.
 Draft logits are random normal * --logit_scale, plus --peak on one random token per (stream,
 depth) (not real drafter logits).
 """
@@ -35,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from ddtree_jax import bench_util
 from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref
 from pallas_kernels import registry, topk, tree_search  # noqa: F401  (registering)
@@ -161,22 +165,30 @@ def main(_):
                 parts = _part_times(impl, xs, B)
                 t_build = _device_time(lambda x: T._build(x, B, impl, False), xs, FLAGS.reps)
                 t_call = _median_wall(lambda x: T._build(x, B, impl, False), xs[0], reps=FLAGS.reps)
-                rows.append((S, B, impl, *parts, t_build, t_call))
+                traced = bench_util.traced_device_time(
+                    jax.jit(lambda x: T._build(x, B, impl, False)), xs[0], calls=FLAGS.reps)
+                t_trace = traced["busy_us"] * 1e-6 if traced else None
+                rows.append((S, B, impl, *parts, t_build, t_trace, t_call))
                 print(f"S={S} B={B} {impl}: top-k + lse {parts[0]*1e6:.1f}, search "
                       f"{parts[1]*1e6:.1f}, assemble {parts[2]*1e6:.1f}, build_tree "
                       f"{t_build*1e6:.1f} us device, {t_call*1e6:.1f} us per single call",
                       flush=True)
+                if traced:
+                    print(f"S={S} B={B} {impl}: trace {traced['busy_us']:.1f} us busy per call, "
+                          f"{traced['kernels']:.0f} kernels: " + ", ".join(
+                              f"{k['name']} {k['us']:.1f}" for k in traced["top"]), flush=True)
             times = []
             for _ in range(FLAGS.ref_reps + 1):
                 t1 = time.perf_counter()
                 _reference(xs[0], B)
                 times.append(time.perf_counter() - t1)
             t_ref = statistics.median(times[1:])
-            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, None, None, t_ref))
+            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, None, None, None,
+                         t_ref))
             print(f"S={S} B={B} reference: {t_ref*1e6:.1f} us per call", flush=True)
     fmt = lambda t: "" if t is None else f"{t * 1e6:.1f}"  # noqa: E731
     table = ["| S | budget | impl | top-k + lse | search | assemble | build_tree "
-             "| one call, wall |", "|---|---|---|---|---|---|---|---|"]
+             "| build_tree, trace | one call, wall |", "|---|---|---|---|---|---|---|---|---|"]
     table += [f"| {S} | {B} | {impl} | " + " | ".join(map(fmt, times)) + " |"
               for S, B, impl, *times in rows]
     text = (header + "\n\nDevice time per call in us (one call: host wall time in us).\n\n"

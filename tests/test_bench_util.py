@@ -1,0 +1,52 @@
+"""Benchmark helpers: device time from profiler kernel events, median timing, tables."""
+
+import gzip
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from ddtree_jax import bench_util
+
+
+def test_kernel_summary_counts_overlaps_once():
+    kernels = [dict(name="a", ts=0.0, dur=2.0), dict(name="b", ts=1.0, dur=2.0),
+               dict(name="a", ts=10.0, dur=1.0), dict(name="c", ts=10.2, dur=0.5)]
+    k = bench_util.kernel_summary(kernels, per=2, top=2)
+    assert k["busy_us"] == pytest.approx((3.0 + 1.0) / 2)       # [0, 3] and [10, 11]
+    assert k["kernels"] == 2.0
+    assert k["top"] == [dict(name="a", count=1.0, us=1.5), dict(name="b", count=0.5, us=1.0)]
+
+
+def test_device_kernels_reads_only_device_streams(tmp_path):
+    events = [
+        dict(ph="M", name="process_name", pid=1, args=dict(name="/host:CPU")),
+        dict(ph="M", name="process_name", pid=2, args=dict(name="/device:GPU:0")),
+        dict(ph="M", name="thread_name", pid=2, tid=7, args=dict(name="Stream #13(Compute)")),
+        dict(ph="M", name="thread_name", pid=2, tid=8, args=dict(name="XLA Ops")),
+        dict(ph="X", name="fusion_1", pid=2, tid=7, ts=5.0, dur=2.5),
+        dict(ph="X", name="fusion_1", pid=2, tid=8, ts=5.0, dur=2.5),    # an op-level duplicate
+        dict(ph="X", name="PjitFunction", pid=1, tid=1, ts=0.0, dur=30.0),
+    ]
+    d = tmp_path / "plugins" / "profile" / "run"
+    d.mkdir(parents=True)
+    with gzip.open(d / "host.trace.json.gz", "wt") as f:
+        json.dump(dict(traceEvents=events), f)
+    kernels, procs = bench_util.device_kernels(str(tmp_path))
+    assert kernels == [dict(name="fusion_1", ts=5.0, dur=2.5)]
+    assert procs == ["/device:GPU:0", "/host:CPU"]
+
+
+def test_traced_device_time_is_none_without_a_device():
+    if jax.default_backend() != "cpu":
+        pytest.skip("checks the CPU answer")
+    assert bench_util.traced_device_time(jax.jit(lambda x: x + 1), jnp.ones(4), calls=2) is None
+
+
+def test_median_seconds_and_table():
+    assert bench_util.median_seconds(jax.jit(lambda x: x * 2), jnp.ones(8), reps=3, inner=2) > 0
+    with pytest.raises(ValueError, match="reps"):
+        bench_util.median_seconds(lambda: 0, reps=0)
+    table = bench_util.markdown_table([dict(a=1.23456, b=None)], ["a", "b"])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.23 |  |"]
