@@ -93,6 +93,7 @@ class GenerateResult:
     prefill_seconds: float
     decode_seconds: float
     compile_seconds: float
+    request_seconds: list | None = None   # `serve` only: per request, admission to its result
 
 
 def shard_state(state: EngineState) -> EngineState:

@@ -69,9 +69,11 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     """Serve every prompt (one request each, in order) with `streams` slots decoding at once.
 
     Arguments as `engine.generate` (max_new_tokens: one int or one per request). Returns a
-    GenerateResult with one entry per request in `tokens` and `acceptance_lengths`; `steps` counts
-    the steps in which some slot was active, `decode_seconds` the serving wall time,
-    `prefill_seconds` the first `streams` prompts' prefill; no stage times.
+    GenerateResult with one entry per request in `tokens`, `acceptance_lengths` and
+    `request_seconds` (host clock from the request's admission, or the start for the first
+    `streams`, to the host seeing it done: up to `max_lag` calls late); `steps` counts the steps in
+    which some slot was active, `decode_seconds` the serving wall time, `prefill_seconds` the first
+    `streams` prompts' prefill; no stage times.
     """
     if not isinstance(streams, (int, np.integer)) or streams < 1:
         raise ValueError(f"streams must be an int >= 1, got {streams!r}")
@@ -113,11 +115,13 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
                                     lengths_dev[0], max_new_dev[0]))
         jax.block_until_ready(_row(state, slot0))
 
+    seen, started = [0.0] * n, [0.0] * n   # host clock: result seen, request admitted
     slot_req = list(range(s))       # request in each slot (None: idle)
     admitted_at = [0] * s           # calls dispatched before the slot's request was admitted
     rows, next_req, calls = {}, s, 0
     flags = collections.deque()     # (call number, done flags on their way to the host)
     t0 = time.perf_counter()
+    started[:s] = [t0] * s
     while any(r is not None for r in slot_req):
         if calls * steps_per_call >= max_steps:
             raise RuntimeError(f"serve: {calls} calls without finishing (bound {max_steps} steps)")
@@ -132,12 +136,14 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
                 if r is None or call <= admitted_at[slot]:   # idle, or flags from before admission
                     continue
                 rows[r] = _row(state, slot)
+                seen[r] = time.perf_counter()
                 for x in rows[r]:
                     x.copy_to_host_async()
                 slot_req[slot] = None
                 if next_req < n:
                     state = admit(tparams, dparams, state, slot, prompts_dev[next_req],
                                   lengths_dev[next_req], max_new_dev[next_req])
+                    started[next_req] = time.perf_counter()
                     slot_req[slot], admitted_at[slot], next_req = next_req, calls, next_req + 1
     rows = {r: tuple(np.asarray(x) for x in row) for r, row in rows.items()}
     decode_s = time.perf_counter() - t0
@@ -153,4 +159,4 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         tokens=tokens, acceptance_lengths=acc, tau=float(flat.mean()) if flat.size else 0.0,
         tokens_per_second=generated / decode_s if decode_s > 0 else 0.0, stage_times={},
         steps=int(active.sum()), prefill_seconds=prefill_s, decode_seconds=decode_s,
-        compile_seconds=compile_s)
+        compile_seconds=compile_s, request_seconds=[seen[r] - started[r] for r in range(n)])

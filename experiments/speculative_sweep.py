@@ -92,9 +92,13 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
         if cfg.stage_reps:
             stage = engine.generate(target, drafter, batches[0], stage_reps=cfg.stage_reps,
                                     **kw).stage_times
+        lat = np.asarray(r.request_seconds)
+        per_request = np.asarray([len(t) - 1 for t in r.tokens]) / lat
         return dict(tau=r.tau, tokens_per_second=r.tokens_per_second,
                     generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
-                    compile_seconds=r.compile_seconds, steps=r.steps, stage_times=stage)
+                    compile_seconds=r.compile_seconds, steps=r.steps, stage_times=stage,
+                    request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
+                    request_tokens_per_second=float(per_request.mean()))
     acc, tokens, decode, compile_s, steps, stage = [], 0, 0.0, 0.0, 0, None
     for batch in batches:
         r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,

@@ -101,6 +101,8 @@ def test_serve_refills_slots_and_equals_generate(pair32, prompts, greedy_ar, met
     per_request = [len(a) for a in out.acceptance_lengths]
     assert max(per_request) <= out.steps < sum(per_request)
     assert out.tokens_per_second > 0 and out.prefill_seconds > 0
+    assert len(out.request_seconds) == len(prompts)
+    assert all(0 < t <= out.decode_seconds for t in out.request_seconds)
 
 
 def test_serve_more_slots_than_requests_and_bad_input(pair32, prompts, greedy_ar):

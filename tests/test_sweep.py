@@ -142,6 +142,8 @@ def test_served_point_runs_every_request_through_the_slots(tmp_path):
     log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
     rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
     assert rec["generated"] == 5 * 3 and rec["steps"] >= 3 and rec["tau"] >= 1
+    assert 0 < rec["request_p50_s"] <= rec["request_p90_s"] <= rec["decode_seconds"]
+    assert rec["request_tokens_per_second"] > 0
     static = engine.generate(target, drafter, [prompts[i % len(prompts)] for i in range(5)],
                              method="ddtree", budget=2, max_new_tokens=4, stage_reps=0)
     assert rec["tau"] == pytest.approx(static.tau)
