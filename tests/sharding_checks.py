@@ -2,7 +2,8 @@
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.sharding_checks 1,8,1 1,2,4:generate
 
-Each argument is a (data, expert, tensor) mesh; ":generate" adds a full greedy DDTree generate.
+Each argument is a (data, expert, tensor) mesh; ":generate" adds a full greedy DDTree generate and
+the same requests served through 2 slots (dj.serve).
 Per mesh: parameter shardings are the rules' and each device holds only its slice; init and
 load_target under the mesh give the unsharded values bit for bit; the target forward (logits, cache, taps), the drafter
 forward and draft logits, and build_tree equal the unsharded results (float32, 1e-5 relative);
@@ -160,6 +161,11 @@ def main(argv):
                 if got != ref_gen:
                     raise AssertionError(f"generate {shape}: {got} != {ref_gen}")
                 _ok("generate", shape)
+                served = dj.serve((CFG, tp_sh), (DCFG, dp_sh), prompts, streams=2, method="ddtree",
+                                  budget=BUDGET, max_new_tokens=10).tokens
+                if served != ref_gen:
+                    raise AssertionError(f"serve {shape}: {served} != {ref_gen}")
+                _ok("serve", shape)
     return 0
 
 
