@@ -75,9 +75,10 @@ class DFlashAttention(nn.Module):
         return k, heads(self.v_proj(x))
 
     def __call__(self, x, positions, ctx_k, ctx_v, ctx_mask):
-        """x [B,b,d] (normed block), positions [B,b]; ctx_k/ctx_v [B,N,KV,hd] with ctx_mask [B,N]
+        """x [B,b,d] (normed block), positions [B,b]; ctx_k/ctx_v [B,KV,N,hd] with ctx_mask [B,N]
         (True = a visible context slot) -> [B,b,d]. Products in ctx_k's dtype with float32
-        accumulation; softmax over context + block in float32."""
+        accumulation; softmax over context + block in float32. The context is head-major, so both
+        context products are plain batched GEMMs over (B, KV) with no transposed copy of it."""
         c = self.cfg
         bsz, b, _ = x.shape
         kvh, hd, dt = c.num_key_value_heads, c.head_dim, ctx_k.dtype
@@ -86,12 +87,12 @@ class DFlashAttention(nn.Module):
         q = q.reshape(bsz, b, kvh, c.num_attention_heads // kvh, hd)   # query head h -> kv head h // G
         k_blk, v_blk = self.kv(x, positions)
         dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
-        s_ctx = dot("bqkgd,bnkd->bkgqn", q, ctx_k)
+        s_ctx = dot("bqkgd,bknd->bkgqn", q, ctx_k)
         s_ctx = jnp.where(ctx_mask[:, None, None, None, :], s_ctx, -jnp.inf)
         s_blk = dot("bqkgd,bnkd->bkgqn", q, k_blk.astype(dt))
         p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], axis=-1) * hd ** -0.5, axis=-1)
-        p, n = p.astype(dt), ctx_k.shape[1]
-        o = (dot("bkgqn,bnkd->bqkgd", p[..., :n], ctx_v)
+        p, n = p.astype(dt), ctx_k.shape[2]
+        o = (dot("bkgqn,bknd->bqkgd", p[..., :n], ctx_v)
              + dot("bkgqn,bnkd->bqkgd", p[..., n:], v_blk.astype(dt)))
         return self.o_proj(o.reshape(bsz, b, -1).astype(x.dtype))
 
@@ -131,13 +132,13 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
     def context_kv(self, target_hidden, positions):
-        """target_hidden [B,n,len(ids)*d] raw taps, positions [B,n] -> k, v [L,B,n,KV,hd]."""
+        """target_hidden [B,n,len(ids)*d] raw taps, positions [B,n] -> k, v [L,B,KV,n,hd]."""
         ctx = self.hidden_norm(self.fc(target_hidden))
         ks, vs = zip(*(layer.context_kv(ctx, positions) for layer in self.layers))
-        return jnp.stack(ks), jnp.stack(vs)
+        return jnp.stack(ks).swapaxes(2, 3), jnp.stack(vs).swapaxes(2, 3)
 
     def __call__(self, noise_embedding, positions, ctx_k, ctx_v, ctx_mask):
-        """noise_embedding [B,b,d], positions [B,b], ctx_k/ctx_v [L,B,N,KV,hd], ctx_mask [B,N]
+        """noise_embedding [B,b,d], positions [B,b], ctx_k/ctx_v [L,B,KV,N,hd], ctx_mask [B,N]
         -> final-normed hidden [B,b,d]."""
         x = noise_embedding
         for i, layer in enumerate(self.layers):
@@ -213,7 +214,8 @@ def drafter_hidden(params: dict, cfg: DrafterConfig, target_hidden: jax.Array,
 class DrafterCache(NamedTuple):
     """Context keys/values of every drafter layer, one row per stream.
 
-    k, v: [L, S, max_ctx, KV, hd] (k already k_normed and roped at its token's position);
+    k, v: [L, S, KV, max_ctx, hd] (k already k_normed and roped at its token's position; head-major
+    so the drafter's attention reads it without a transposed copy);
     lengths: [S] int32, slots `< lengths[s]` hold stream s's context.
     """
 
@@ -225,7 +227,7 @@ class DrafterCache(NamedTuple):
 def init_drafter_cache(cfg: DrafterConfig, num_streams: int, max_ctx: int,
                        dtype: Dtype = jnp.bfloat16) -> DrafterCache:
     """An empty cache with room for `max_ctx` context tokens per stream."""
-    shape = (cfg.num_hidden_layers, num_streams, max_ctx, cfg.num_key_value_heads, cfg.head_dim)
+    shape = (cfg.num_hidden_layers, num_streams, cfg.num_key_value_heads, max_ctx, cfg.head_dim)
     return DrafterCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
                         jnp.zeros((num_streams,), jnp.int32))
 
@@ -243,7 +245,7 @@ def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target
     stream s goes to slot lengths[s] + t when t < num_new[s]; lengths advance by num_new. Outside
     jit, overflowing the cache raises; under jit the caller must keep lengths + num_new <= max_ctx.
     """
-    num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[2]
+    num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[3]
     n = positions.shape[1]
     _check_shape("target_hidden", target_hidden, (num_streams, n, _taps_width(cfg)))
     _check_shape("positions", positions, (num_streams, n))
@@ -255,12 +257,14 @@ def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target
         raise ValueError(f"drafter cache overflow: lengths {lengths.tolist()} + num_new "
                          f"{new.tolist()} exceeds max_ctx={max_ctx}")
     k, v = DFlashDrafter(cfg).apply({"params": params}, target_hidden, positions,
-                                    method="context_kv")                    # [L,S,n,KV,hd]
+                                    method="context_kv")                    # [L,S,KV,n,hd]
     t = jnp.arange(n)
     slot = jnp.where(t < num_new[:, None], cache.lengths[:, None] + t, max_ctx)  # max_ctx: dropped
     row = jnp.arange(num_streams)[:, None]
-    put = lambda c, new: sharding.constrain(c.at[:, row, slot].set(new.astype(c.dtype), mode="drop"),
-                                            sharding.DRAFTER_CACHE)
+    # c[:, row, :, slot] is laid out [S, n, L, KV, hd] (separated index arrays lead)
+    put = lambda c, new: sharding.constrain(
+        c.at[:, row, :, slot].set(new.transpose(1, 3, 0, 2, 4).astype(c.dtype), mode="drop"),
+        sharding.DRAFTER_CACHE)
     return DrafterCache(put(cache.k, k), put(cache.v, v),
                         cache.lengths + num_new.astype(cache.lengths.dtype))
 
@@ -273,7 +277,7 @@ def draft_block(params: dict, cfg: DrafterConfig, cache: DrafterCache, noise_emb
     keys/values are not stored. Rows 1..b-1 of the result, through `draft_logits`, are the
     drafts for depths 1..b-1 (row 0 is the anchor token).
     """
-    num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[2]
+    num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[3]
     _check_shape("noise_embedding", noise_embedding, (num_streams, None, cfg.hidden_size))
     _check_shape("block_positions", block_positions, (num_streams, noise_embedding.shape[1]))
     mask = jnp.arange(max_ctx)[None, :] < cache.lengths[:, None]

@@ -52,7 +52,7 @@ PARAM_RULES: tuple[tuple[str, tuple], ...] = (
 )
 
 LATENT_CACHE = ("streams", None, None)                  # target kv[l] [S, max_len, latent]
-DRAFTER_CACHE = (None, "streams", None, "kv_heads", None)  # drafter k, v [L, S, max_ctx, KV, hd]
+DRAFTER_CACHE = (None, "streams", "kv_heads", None, None)  # drafter k, v [L, S, KV, max_ctx, hd]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,7 +113,7 @@ def drafter_train_hidden(params, cfg: DrafterConfig, taps, block_emb, anchors):
     n_anchor, blk = anchors.shape[1], block_emb.shape[2]
     model = dft.DFlashDrafter(cfg)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (bsz, t))
-    k, v = model.apply({"params": params}, taps, positions, method="context_kv")    # [L,B,T,KV,hd]
+    k, v = model.apply({"params": params}, taps, positions, method="context_kv")    # [L,B,KV,T,hd]
     k, v = (jnp.repeat(x, n_anchor, axis=1) for x in (k, v))
     flat_anchor = anchors.reshape(-1)
     mask = jnp.arange(t)[None, :] < flat_anchor[:, None]

@@ -153,7 +153,7 @@ def make_state(key, *, cfg, dcfg, streams: int, max_len: int, context: int, dtyp
     kv = tuple(jax.random.normal(keys[i], (streams, max_len, cfg.latent_dim), dtype)
                for i in range(cfg.num_hidden_layers))
     lengths = jnp.full((streams,), context, jnp.int32)
-    dshape = (dcfg.num_hidden_layers, streams, max_len, dcfg.num_key_value_heads, dcfg.head_dim)
+    dshape = jax.eval_shape(lambda: dj.init_drafter_cache(dcfg, streams, max_len, dtype)).k.shape
     dcache = DrafterCache(jax.random.normal(keys[-4], dshape, dtype),
                           jax.random.normal(keys[-3], dshape, dtype), lengths)
     return engine.shard_state(engine.EngineState(

@@ -116,7 +116,7 @@ def test_streams_are_independent():
     np.testing.assert_array_equal(grown.lengths, [7, 6, 2, 9])
     np.testing.assert_array_equal(grown.k[:, 1:], cache.k[:, 1:])
     np.testing.assert_array_equal(grown.v[:, 1:], cache.v[:, 1:])
-    np.testing.assert_array_equal(grown.k[:, 0, :4], cache.k[:, 0, :4])
+    np.testing.assert_array_equal(grown.k[:, 0, :, :4], cache.k[:, 0, :, :4])
     noise0 = noise.at[0].set(hidden(cfg, rng, 4))
     after = draft_jit(params, cfg, grown, noise0, block_pos)
     np.testing.assert_allclose(after[1:], before[1:], rtol=1e-6, atol=1e-6)

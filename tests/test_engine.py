@@ -146,8 +146,8 @@ def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
         for layer in range(cfg.num_hidden_layers):
             assert_close(state.tcache.kv[layer][s, :n[s]], fresh.cache.kv[layer][s, :n[s]], 1e-5,
                          f"stream {s} layer {layer}")
-        assert_close(state.dcache.k[:, s, :n[s]], ctx.k[:, s, :n[s]], 1e-5, f"stream {s} drafter k")
-        assert_close(state.dcache.v[:, s, :n[s]], ctx.v[:, s, :n[s]], 1e-5, f"stream {s} drafter v")
+        assert_close(state.dcache.k[:, s, :, :n[s]], ctx.k[:, s, :, :n[s]], 1e-5, f"stream {s} drafter k")
+        assert_close(state.dcache.v[:, s, :, :n[s]], ctx.v[:, s, :, :n[s]], 1e-5, f"stream {s} drafter v")
 
 
 def _exact_joint(target, prompt, vocab, n_tok, sampling):
