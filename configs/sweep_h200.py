@@ -1,18 +1,18 @@
 """The H200 sweep: budgets 16..256 x streams 1/4/16 at temperature 0, held-out prompts, bf16 pair,
 128 new tokens, 4 engine steps per dispatch, tokens/s from the median of 3 decodes. 24 points;
 about 20 s each on an H200 (compiles and stage times included), so one device call of 10 minutes
-holds it. Add temperatures or budgets with --config.key=value; GPU graph settings with
---config.xla_flags (GRAPHS_ALL below also records while loops and conditionals, and graphs of any
-size, into CUDA graphs).
+holds it. Add temperatures or budgets with --config.key=value, GPU graph settings with
+--config.xla_flags; BENCHMARKS.md's "GRAPHS_ALL" (while loops, conditionals and graphs of any size
+recorded into CUDA graphs as well) is
+
+    --config.xla_flags="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,\
+DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 
     python experiments/speculative_sweep.py --config=configs/sweep_h200.py
 """
 
 import importlib.util
 import os
-
-GRAPHS_ALL = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
-              "DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1")
 
 
 def get_config():
