@@ -64,9 +64,13 @@ def read_results(path: str) -> list[dict]:
 
 
 def summary_table(records: Iterable[dict]) -> str:
-    """Markdown table: one row per point, grouped by temperature and streams."""
+    """Markdown table: one row per point, grouped by temperature and streams. Served points
+    (continuous batching) add their requests, median request seconds and per-request tok/s."""
+    records = list(records)
+    served = any(r.get("requests") for r in records)
+    extra = " | requests | request p50 s | request tok/s" if served else ""
     head = ("| T | streams | method | budget | tau | tok/s | speedup | step ms | "
-            + " | ".join(f"{s} ms" for s in STAGES) + " | steps |")
+            + " | ".join(f"{s} ms" for s in STAGES) + " | steps" + extra + " |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     order = {"ar": 0, "dflash": 1, "ddtree": 2, "ddtree-auto": 3}
     for r in sorted(records, key=lambda r: (r["temperature"], r["streams"], order[r["method"]],
@@ -74,9 +78,14 @@ def summary_table(records: Iterable[dict]) -> str:
         st = r.get("stage_times") or {}
         ms = lambda k: f"{st[k] * 1e3:.2f}" if k in st else ""
         speed = f"{r['speedup']:.2f}x" if r.get("speedup") else ""
+        cells = ""
+        if served:
+            cells = (f" | {r.get('requests') or ''} | "
+                     + (f"{r['request_p50_s']:.3f} | {r['request_tokens_per_second']:.1f}"
+                        if r.get("requests") else " | "))
         rows.append(f"| {r['temperature']:g} | {r['streams']} | {r['method']} | {r['budget'] or ''} | "
                     f"{r['tau']:.2f} | {r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
-                    + " | ".join(ms(s) for s in STAGES) + f" | {r['steps']} |")
+                    + " | ".join(ms(s) for s in STAGES) + f" | {r['steps']}{cells} |")
     return "\n".join(rows)
 
 
