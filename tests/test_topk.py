@@ -64,3 +64,39 @@ def test_bad_k(k):
 def test_bad_x(x):
     with pytest.raises(ValueError, match="x must be"):
         topk_op.topk(x, 2)
+
+
+def _superset_case(rng, kind, n):
+    if kind == "normal":
+        return rng.normal(size=n).astype(np.float32) * 3
+    if kind == "wide":  # values over many binades, both signs, a -1e30 floor
+        x = rng.choice([-1e30, -1e10, -3.0, 0.0, 1e-30, 2.5, 7e20], size=n)
+        return (x * rng.uniform(0.5, 1.5, size=n)).astype(np.float32)
+    if kind == "ties":
+        return rng.integers(-2, 2, size=n).astype(np.float32)
+    return np.where(rng.random(n) < 0.1, np.inf, rng.normal(size=n)).astype(np.float32)  # "inf"
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["normal", "wide", "ties", "inf"]), n=st.sampled_from([7, 64, 300]),
+       frac=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1))
+def test_superset_is_a_prefix_of_the_order(kind, n, frac, seed):
+    """`superset` (the bisection every Pallas selection uses) returns the first m entries in
+    (value desc, position asc) order with k <= m <= cap, for values over any range."""
+    from pallas_kernels.topk.pallas_triton import in_superset, keys, superset
+
+    rng = np.random.default_rng(seed)
+    x = _superset_case(rng, kind, n)
+    valid = rng.random(n) < 0.9
+    k = max(1, int(frac * valid.sum()))
+    cap = k + int(rng.integers(0, 4))
+    key, pos = keys(jnp.asarray(x)), jnp.arange(n, dtype=jnp.int32)
+    lo, cut, m = superset(key, jnp.asarray(valid), pos, k, cap)
+    got = np.asarray(in_superset(key, jnp.asarray(valid), pos, lo, cut))
+    order = sorted(np.flatnonzero(valid), key=lambda i: (-float(x[i]), i))
+    assert int(m) == got.sum()
+    if valid.sum() <= cap:
+        assert got.sum() == valid.sum()
+    else:
+        assert k <= got.sum() <= cap
+    assert set(np.flatnonzero(got)) == set(order[:got.sum()])
