@@ -104,7 +104,7 @@ def build_tree_from_logprobs(logp: jax.Array, budget: int, *, topk_impl: str = "
 def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
     S, L, V = x.shape
     K = min(budget, V)
-    flat = x.astype(jnp.float32).reshape(S * L, V)
+    flat = x.reshape(S * L, V)  # in its own dtype: the top-K reads bf16 logits as they are
     if given_logprobs:
         (vals, tok), lse = registry.get("topk", impl)(flat, K), None
     else:

@@ -110,7 +110,9 @@ def _variant_cfgs(t: int) -> list:
     base = tuning.config(t)
     if t <= 4:
         opts = [dict(split_k=4), dict(split_k=8), dict(split_k=4, scale_weights=True),
-                dict(split_k=4, swap_ab=True, scale_weights=True)]
+                dict(split_k=4, swap_ab=True, scale_weights=True),
+                dict(scale_weights=True, dequant="asm"), dict(bn_up=64, bn_down=128, scale_weights=True,
+                                                              dequant="asm")]
     else:
         opts = [dict(scale_weights=True), dict(swap_ab=True), dict(swap_ab=True, scale_weights=True),
                 dict(swap_ab=True, scale_weights=True, bn_up=128, bn_down=128, num_warps=8),

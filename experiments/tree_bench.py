@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python experiments/tree_bench.py --out=/tmp/tree_bench.md
     PYTHONPATH=. python experiments/tree_bench.py --peak=12  # a confident drafter: deeper trees
+    PYTHONPATH=. python experiments/tree_bench.py --dtype=bfloat16  # bf16 logits, read as they are
     PYTHONPATH=. python experiments/tree_bench.py --vocab=4096 --budgets=16,64 --streams=1,2  # CPU
 
 First checks, on the benchmark's own inputs: the Pallas top-k equals jax.lax.top_k, and build_tree
@@ -16,12 +17,12 @@ budget B) and implementation ("xla" or "pallas_triton", the same for every part)
 The search stops at the first depth with no prefix that can still enter the tree, so its time
 depends on the tree's depth (printed with the checks): N(0, scale^2) logits give shallow trees,
 --peak gives deep ones.
-Device time of an on-device stage = (t(n) - t(1)) / (n - 1), where t(n) is the median wall time of
-one jitted call running the stage on n distinct inputs back to back: this removes the host
-dispatch cost (~56 us on an H200) that a single call carries, but differences of wall times are
-noisy at tens of microseconds. "build_tree, trace" is the device-busy time per call from a
-profiler trace of --reps back-to-back calls (the union of kernel intervals; GPU only), printed with
-its kernels. The reference is host wall time.
+Device time of an on-device stage, on a GPU: the busy time per call (union of kernel intervals)
+in a profiler trace of --reps back-to-back calls, which leaves out the host's dispatch (~56 us on
+an H200); build_tree's kernels are printed too. On a CPU (no device trace): (t(n) - t(1)) / (n - 1),
+where t(n) is the median wall time of one jitted call running the stage on n distinct inputs back to
+back (an earlier version used this on the GPU too: at tens of microseconds it read 1.5-2.5x the
+trace). The reference is host wall time.
 Draft logits are random normal * --logit_scale, plus --peak on one random token per (stream,
 depth) (not real drafter logits).
 """
@@ -49,6 +50,8 @@ flags.DEFINE_list("streams", ["1", "16"], "stream counts S")
 flags.DEFINE_integer("depth", 15, "draft depth L")
 flags.DEFINE_integer("vocab", 163840, "vocabulary V")
 flags.DEFINE_float("logit_scale", 3.0, "draft logits ~ N(0, scale^2)")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                  "draft logits dtype (a bf16 lm_head's output is bf16; read as is)")
 flags.DEFINE_float("peak", 0.0, "added to one random token's logit per (stream, depth)")
 flags.DEFINE_list("impls", ["xla", "pallas_triton"], "kernel implementations to time")
 flags.DEFINE_integer("n", 4, "inputs per timed call (device time from t(n) - t(1))")
@@ -69,7 +72,11 @@ def _median_wall(fn, *args, reps: int) -> float:
 
 
 def _device_time(stage, xs, reps: int) -> float:
-    """Seconds per stage call on the device: (t(n) - t(1)) / (n - 1) over distinct inputs xs."""
+    """Seconds per stage call on the device: the busy time of its kernels in a profiler trace
+    (GPU), else (t(n) - t(1)) / (n - 1) of wall times over the distinct inputs xs (CPU)."""
+    traced = bench_util.traced_device_time(jax.jit(stage), xs[0], calls=reps)
+    if traced:
+        return traced["busy_us"] * 1e-6
     many = jax.jit(lambda xs: [stage(x) for x in xs])
     one = jax.jit(lambda xs: [stage(xs[0])])
     t_n = _median_wall(many, xs, reps=reps)
@@ -81,7 +88,7 @@ def _logits(key, S: int, L: int, V: int):
     k1, k2 = jax.random.split(key)
     x = FLAGS.logit_scale * jax.random.normal(k1, (S, L, V), jnp.float32)
     hot = jax.random.randint(k2, (S, L, 1), 0, V)
-    return x + FLAGS.peak * (jnp.arange(V) == hot)
+    return (x + FLAGS.peak * (jnp.arange(V) == hot)).astype(FLAGS.dtype)
 
 
 def _part_times(impl: str, xs, budget: int):
@@ -119,6 +126,7 @@ def _reference(x, budget: int):
 def _ref_topk(x, K):
     """Device part of the reference: per-depth top-K log-probs [S, L, K] and token ids."""
     S, L, V = x.shape
+    x = x.astype(jnp.float32)
     v, i = jax.lax.top_k(x.reshape(S * L, V), K)
     lse = jax.nn.logsumexp(x.reshape(S * L, V), axis=-1)
     return (v - lse[:, None]).reshape(S, L, K), i.reshape(S, L, K)
@@ -129,8 +137,7 @@ def main(_):
     dev = jax.devices()[0]
     header = (f"device: {dev.device_kind} ({jax.default_backend()}); jax {jax.__version__}; "
               f"python {platform.python_version()}; L={L}, V={V}, logits N(0,{FLAGS.logit_scale}^2)"
-              f" + peak {FLAGS.peak}, "
-              f"n={FLAGS.n}, reps={FLAGS.reps}")
+              f" + peak {FLAGS.peak} in {FLAGS.dtype}, n={FLAGS.n}, reps={FLAGS.reps}")
     print(header, flush=True)
     rows = []
     key = jax.random.key(0)
@@ -140,7 +147,7 @@ def main(_):
             K = min(B, V)
             flat = xs[0].reshape(S * L, V)
             # Correctness on the benchmark inputs.
-            want_v, want_i = jax.lax.top_k(flat, K)
+            want_v, want_i = jax.lax.top_k(flat.astype(jnp.float32), K)
             trees = {}
             for impl in FLAGS.impls:
                 v, i, _ = registry.get("topk_logsumexp", impl)(flat, K)
@@ -163,12 +170,11 @@ def main(_):
             # Timing.
             for impl in FLAGS.impls:
                 parts = _part_times(impl, xs, B)
-                t_build = _device_time(lambda x: T._build(x, B, impl, False), xs, FLAGS.reps)
-                t_call = _median_wall(lambda x: T._build(x, B, impl, False), xs[0], reps=FLAGS.reps)
-                traced = bench_util.traced_device_time(
-                    jax.jit(lambda x: T._build(x, B, impl, False)), xs[0], calls=FLAGS.reps)
-                t_trace = traced["busy_us"] * 1e-6 if traced else None
-                rows.append((S, B, impl, *parts, t_build, t_trace, t_call))
+                build = lambda x: T._build(x, B, impl, False)  # noqa: E731
+                t_build = _device_time(build, xs, FLAGS.reps)
+                t_call = _median_wall(build, xs[0], reps=FLAGS.reps)
+                traced = bench_util.traced_device_time(jax.jit(build), xs[0], calls=FLAGS.reps)
+                rows.append((S, B, impl, *parts, t_build, t_call))
                 print(f"S={S} B={B} {impl}: top-k + lse {parts[0]*1e6:.1f}, search "
                       f"{parts[1]*1e6:.1f}, assemble {parts[2]*1e6:.1f}, build_tree "
                       f"{t_build*1e6:.1f} us device, {t_call*1e6:.1f} us per single call",
@@ -183,15 +189,17 @@ def main(_):
                 _reference(xs[0], B)
                 times.append(time.perf_counter() - t1)
             t_ref = statistics.median(times[1:])
-            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, None, None, None,
-                         t_ref))
+            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, None, None, t_ref))
             print(f"S={S} B={B} reference: {t_ref*1e6:.1f} us per call", flush=True)
     fmt = lambda t: "" if t is None else f"{t * 1e6:.1f}"  # noqa: E731
     table = ["| S | budget | impl | top-k + lse | search | assemble | build_tree "
-             "| build_tree, trace | one call, wall |", "|---|---|---|---|---|---|---|---|---|"]
+             "| one call, wall |", "|---|---|---|---|---|---|---|---|"]
     table += [f"| {S} | {B} | {impl} | " + " | ".join(map(fmt, times)) + " |"
               for S, B, impl, *times in rows]
-    text = (header + "\n\nDevice time per call in us (one call: host wall time in us).\n\n"
+    how = ("profiler trace: busy time of the call's kernels" if jax.default_backend() == "gpu"
+           else f"(t({FLAGS.n}) - t(1)) / {FLAGS.n - 1} of wall times")
+    text = (header + f"\n\nDevice time per call in us ({how}; one call: host wall time in us)."
+            "\n\n"
             + "\n".join(table) + "\n")
     print(text)
     if FLAGS.out:

@@ -42,6 +42,20 @@ def test_topk_matches_golden(impl, R, V, k, kind):
     np.testing.assert_array_equal(np.asarray(i2), want_i)
 
 
+@pytest.mark.parametrize("impl", runnable_impls("topk"))
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_input_is_read_exactly(impl, dtype):
+    """bf16/f16 x: values and order are those of x's own values (exact in float32), lse too."""
+    x = jnp.asarray(_draw(np.random.default_rng(5), "normal", 3, 37), dtype)
+    x32 = np.asarray(x.astype(jnp.float32))
+    values, indices, lse = topk_op.topk_logsumexp(x, 5, impl=impl)
+    want_v, want_i = topk_ref(x32, 5)
+    assert values.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(indices), want_i)
+    np.testing.assert_array_equal(np.asarray(values), want_v)
+    np.testing.assert_allclose(np.asarray(lse), logsumexp_ref(x32), rtol=1e-6, atol=1e-6)
+
+
 @settings(max_examples=6, deadline=None)
 @given(shape=st.sampled_from([c[:3] for c in CASES]), kind=st.sampled_from(["normal", "ints"]),
        seed=st.integers(0, 2**31 - 1))
@@ -100,3 +114,16 @@ def test_superset_is_a_prefix_of_the_order(kind, n, frac, seed):
     else:
         assert k <= got.sum() <= cap
     assert set(np.flatnonzero(got)) == set(order[:got.sum()])
+
+
+@pytest.mark.parametrize("cfg", [(1, 1, 64), (2, 2, 16384), (1, 2, 256)])
+@pytest.mark.parametrize("kind", ["normal", "ints"])
+def test_select_configs_are_exact(cfg, kind):
+    """Every select-kernel sizing (group cap, element cap, ranking tile) gives the exact top-k."""
+    from pallas_kernels.topk.pallas_triton import SelectConfig, _topk
+
+    x = _draw(np.random.default_rng(len(kind)), kind, 2, 300)
+    values, indices, lse = _topk(jnp.asarray(x), 20, True, SelectConfig(*cfg))
+    want_v, want_i = topk_ref(x, 20)
+    np.testing.assert_array_equal(np.asarray(indices), want_i)
+    np.testing.assert_array_equal(np.asarray(values), want_v)

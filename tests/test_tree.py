@@ -65,6 +65,18 @@ def test_pallas_topk_path_matches():
                        R.search_ref(logp, 5))
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+def test_bf16_logits_give_the_tree_of_their_float32_values(impl):
+    """bf16 draft logits (a bf16 drafter's lm_head output) are read as they are: the tree equals
+    the one built from the same values in float32 (bf16 -> float32 is exact)."""
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(3 * rng.normal(size=(2, 3, 40)), jnp.bfloat16)
+    got = T.build_tree(x, 12, topk_impl=impl)
+    want = T.build_tree(x.astype(jnp.float32), 12, topk_impl=impl)
+    for f in FIELDS + ("scores",):
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), f)
+
+
 def test_jit_matches_eager():
     x = jax.random.normal(jax.random.key(0), (2, 4, 16)) * 3
     eager = T.build_tree(x, 20)

@@ -1,7 +1,9 @@
 """Operation "topk": the k largest entries of each row, and a fused variant with the row logsumexp.
 
-    topk(x [R, V] float32, k) -> (values [R, k] float32 descending, indices [R, k] int32)
+    topk(x [R, V] float, k) -> (values [R, k] float32 descending, indices [R, k] int32)
     topk_logsumexp(x, k) -> (values, indices, lse [R] float32)
+
+x may be float32, bfloat16 or float16 (the values are x's, converted exactly to float32).
 
 Ties go to the lower index; -0.0 and 0.0 are equal; x must not hold NaN. Implementations: "xla"
 (`jax.lax.top_k`) and "pallas_triton" (a threshold selection that reads x once, see

@@ -21,6 +21,7 @@ without NaN; data-dependent loop counts only change the time.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -145,7 +146,8 @@ def barrier(interpret: bool) -> None:
 def _group_max_kernel(x_ref, gm_ref, *lse_refs, num_groups: int, block: int):
     r, c = pl.program_id(0), pl.program_id(1)
     ok = c * block + jnp.arange(block) < num_groups
-    x = plgpu.load(x_ref.at[r, pl.ds(c * block, block), :], mask=ok[:, None], other=-jnp.inf)
+    x = plgpu.load(x_ref.at[r, pl.ds(c * block, block), :], mask=ok[:, None],
+                   other=-jnp.inf).astype(jnp.float32)
     gm = jnp.max(x, axis=1)
     plgpu.store(gm_ref.at[r, pl.ds(c * block, block)], gm)
     if not lse_refs:
@@ -158,7 +160,7 @@ def _group_max_kernel(x_ref, gm_ref, *lse_refs, num_groups: int, block: int):
 
 
 def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: int, k: int,
-                   interpret: bool):
+                   rank_pairs: int, interpret: bool):
     if num_blocks:
         pm_ref, ps_ref, v_ref, i_ref, lse_ref, gsel_ref, cv_ref, ci_ref = refs
     else:
@@ -171,7 +173,6 @@ def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: in
         m = jnp.max(pm)
         plgpu.store(lse_ref.at[pl.ds(r, 1)],
                     jnp.full((1,), m + jnp.log(jnp.sum(ps * jnp.exp(pm - m)))))
-    kp = pow2_at_least(k)
     capg = gsel_ref.shape[1]
     # Groups: a prefix of (gm desc, group asc) holding the first k groups, at most capg of them.
     gidx = jnp.arange(pow2_at_least(num_groups))
@@ -182,32 +183,49 @@ def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: in
     plgpu.store(gsel_ref.at[r, at(exclusive_cumsum(sel), sel)], gidx, mask=sel)
     barrier(interpret)
     # Elements of those groups (ascending group, so position order = index order): the first
-    # k..kp. Each chosen group's max is >= lo, so at least k keys are >= lo.
+    # k..ce. Each chosen group's max is >= lo, so at least k keys are >= lo.
+    ce = cv_ref.shape[1]
     row_ok = jnp.arange(capg) < ng
     gid = plgpu.load(gsel_ref.at[r, jnp.arange(capg)], mask=row_ok, other=0)
     x = plgpu.load(x_ref.at[r, gid[:, None], jnp.arange(g)[None, :]], mask=row_ok[:, None],
-                   other=-jnp.inf)
+                   other=-jnp.inf).astype(jnp.float32)
     idx = gid[:, None] * g + jnp.arange(g)[None, :]
     pos = jnp.arange(capg)[:, None] * g + jnp.arange(g)[None, :]
     valid = jnp.broadcast_to(row_ok[:, None], (capg, g))
     xkey = keys(x)
-    lo, cut, ne = superset(xkey, valid, pos, k, kp, lo)
+    lo, cut, ne = superset(xkey, valid, pos, k, ce, lo)
     sel = in_superset(xkey, valid, pos, lo, cut)
     dst = at(exclusive_cumsum(sel), sel)
     plgpu.store(cv_ref.at[r, dst], x, mask=sel)
     plgpu.store(ci_ref.at[r, dst], idx, mask=sel)
     barrier(interpret)
     # Rank: the first k of the ne candidates are the output, in order.
-    e = jnp.arange(kp)
+    e = jnp.arange(ce)
     v = plgpu.load(cv_ref.at[r, e], mask=e < ne, other=0.0)
     i = plgpu.load(ci_ref.at[r, e], mask=e < ne, other=0)
-    tile = min(kp, max(1, RANK_PAIRS // kp))
+    tile = min(ce, max(1, rank_pairs // ce))
     rank = rank_by_counting(
         v, ne, lambda t: plgpu.load(cv_ref.at[r, t * tile + jnp.arange(tile)],
                                     mask=t * tile + jnp.arange(tile) < ne, other=0.0), tile)
     keep = (e < ne) & (rank < k)
     plgpu.store(v_ref.at[r, at(rank, keep)], v, mask=keep)
     plgpu.store(i_ref.at[r, at(rank, keep)], i, mask=keep)
+
+
+class SelectConfig(NamedTuple):
+    """Sizes of the select kernel, in units of kp = k rounded up to a power of two.
+
+    group_cap: the group step keeps at most group_cap * kp groups (fewer bisection steps when
+    larger; more elements in the next step); elem_cap: the element step keeps at most
+    elem_cap * kp candidates (1: bisection down to exactly k when k is a power of two; 2: usually
+    no bisection, four times the pairwise ranking); rank_pairs: entries of one comparison tile of
+    `rank_by_counting`; warps: 0 picks by the largest array.
+    """
+
+    group_cap: int = 2
+    elem_cap: int = 1
+    rank_pairs: int = RANK_PAIRS
+    warps: int = 0
 
 
 def _params(num_warps: int):
@@ -219,10 +237,13 @@ def _warps(n: int) -> int:
     return int(min(16, max(4, n // 1024)))
 
 
-@functools.partial(jax.jit, static_argnames=("k", "with_lse"))
-def _topk(x: jax.Array, k: int, with_lse: bool):
-    """x [R, V] -> (values [R, k] desc, indices [R, k] int32, lse [R] or None)."""
-    x = x.astype(jnp.float32)
+@functools.partial(jax.jit, static_argnames=("k", "with_lse", "cfg"))
+def _topk(x: jax.Array, k: int, with_lse: bool, cfg: SelectConfig = SelectConfig()):
+    """x [R, V] -> (values [R, k] desc, indices [R, k] int32, lse [R] or None), all float32.
+    x is read in its own dtype (bf16 logits: half the bytes of the one full pass) and converted in
+    registers; float32 holds every bf16/f16 value exactly, so the order is x's own."""
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
     R, V = x.shape
     g = group_size(V, k)
     M = -(-V // g)
@@ -239,16 +260,17 @@ def _topk(x: jax.Array, k: int, with_lse: bool):
         grid=(R, nblk), interpret=interpret, compiler_params=_params(4),
     )(x3)
     kp = pow2_at_least(k)
-    capg = min(2 * kp, pow2_at_least(M))
+    capg = min(cfg.group_cap * kp, pow2_at_least(M))
+    ce = min(cfg.elem_cap * kp, capg * g)
     f32, i32 = jnp.float32, jnp.int32
     outs = ((R, k), f32), ((R, k), i32), *((((R,), f32),) if with_lse else ()), \
-        ((R, capg), i32), ((R, kp), f32), ((R, kp), i32)  # the last three: scratch
+        ((R, capg), i32), ((R, ce), f32), ((R, ce), i32)  # the last three: scratch
     values, indices, *rest = pl.pallas_call(
         functools.partial(_select_kernel, num_groups=M, num_blocks=nblk if with_lse else 0, g=g,
-                          k=k, interpret=interpret),
+                          k=k, rank_pairs=cfg.rank_pairs, interpret=interpret),
         out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in outs),
         grid=(R,), interpret=interpret,
-        compiler_params=_params(_warps(max(pow2_at_least(M), capg * g))),
+        compiler_params=_params(cfg.warps or _warps(max(pow2_at_least(M), capg * g))),
     )(x3, gm, *partials)
     return values, indices, rest[0] if with_lse else None
 
