@@ -112,8 +112,7 @@ def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
         lse = lse.reshape(S, L)
     fields = registry.get("tree_search", impl)(vals.reshape(S, L, K), tok.reshape(S, L, K), lse,
                                                budget)
-    return Tree(**fields, num_nodes=jnp.full((S,), num_real_nodes(L, V, budget), jnp.int32),
-                max_depth=L)
+    return Tree(**fields, max_depth=L)  # fields' num_nodes = num_real_nodes(L, V, budget)
 
 
 def follow_tree(tree: Tree, posterior: jax.Array):

@@ -4,8 +4,8 @@
 routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
 num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits"). Variants of the Pallas
 kernels (the "triton" kernels ignore them): scale_weights (group scale applied to the dequantised
-weights, one accumulator instead of a rescale per 32-row plane: on from T = 5 to 256, where the
-H200 measured 1.24-1.32x), swap_ab (weight tile on the MMA's M side: measured slower), split_k (K
+weights, one accumulator instead of a rescale per 32-row plane: on up to T = 256, where the
+H200 measured 1.24-1.63x), swap_ab (weight tile on the MMA's M side: measured slower), split_k (K
 split over this many programs, float32 partial sums reduced in XLA: measured slower at T = 1).
 """
 
@@ -31,9 +31,11 @@ class MoEConfig(NamedTuple):
 # "triton" run (the pallas sweep did not try it), the others from the pallas_triton sweep.
 # scale_weights at T = 16, 64, 256 from the variants run of the same day (session 3,
 # experiments/results/moe_variants_h200.md): 1594 -> 1282, 3963 -> 3010, 5505 -> 4210 us.
+# T = 1 and 4 re-picked in session 4 with the fixed harness (the earlier sweep there was host-bound;
+# experiments/results/moe_small_h200.md): asm + scale_weights, 180.5 -> 126.5 and 531.2 -> 325.6 us.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(bm=16, bn_up=32, bn_down=128)),
-    (4, MoEConfig(bm=16, bn_up=64, bn_down=64, dequant="bits")),
+    (1, MoEConfig(bm=16, bn_up=32, bn_down=128, scale_weights=True)),
+    (4, MoEConfig(bm=16, bn_up=64, bn_down=64, scale_weights=True)),
     (16, MoEConfig(bm=16, bn_up=64, bn_down=64, scale_weights=True)),
     (256, MoEConfig(bm=16, bn_up=64, bn_down=128, scale_weights=True)),
     (1024, MoEConfig(bm=32, bn_up=128, bn_down=128)),

@@ -3,7 +3,7 @@
     tree_search(vals [S, L, K] float32 (rows descending), tok [S, L, K] int32,
                 lse [S, L] float32 or None, budget B) -> dict of
         tokens [S, B], depths [S, B], parents [S, B+1], visibility [S, B+1, B+1] bool,
-        node_mask [S, B+1, ceil((B+1)/32)] int32, scores [S, B] float32
+        node_mask [S, B+1, ceil((B+1)/32)] int32, scores [S, B] float32, num_nodes [S] int32
 
 Per-depth log-probs are max(vals - lse, -1e30) (vals as given when lse is None); K = min(B, V).
 The tree is the B best prefixes in `ddtree_jax.tree`'s node order (its docstring has the order and
@@ -43,7 +43,8 @@ def stages(impl: str):
 _STAGES = {
     "xla": (xla.search, lambda state, num_nodes: xla.assemble(*state, num_nodes)),
     # (the search's merged list already holds exactly num_nodes real entries)
-    "pallas_triton": (pallas_triton.search, lambda state, _: pallas_triton.assemble(*state)),
+    "pallas_triton": (pallas_triton.search,
+                      lambda state, num_nodes: pallas_triton.assemble(*state, num_nodes=num_nodes)),
 }
 
 

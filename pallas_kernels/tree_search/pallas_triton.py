@@ -169,8 +169,11 @@ def search(vals, tok, lse, budget: int):
 
 
 def _assemble_kernel(osc_ref, oid_ref, lrank_ref, lpar_ref, node_ref, ktok_ref, tok_ref, dep_ref,
-                     par_ref, vis_ref, mask_ref, sc_ref, *, rows: int, interpret: bool):
+                     par_ref, vis_ref, mask_ref, sc_ref, nn_ref, *, rows: int, num_nodes: int,
+                     interpret: bool):
     s, t = pl.program_id(0), pl.program_id(1)
+    plgpu.store(nn_ref.at[pl.ds(s, 1)], jnp.full((1,), num_nodes, jnp.int32),
+                mask=jnp.full((1,), t == 0))  # row block 0 writes the stream's num_nodes
     _, L, Bc = lrank_ref.shape
     B = tok_ref.shape[1]
     N, W = B + 1, mask_ref.shape[2]
@@ -217,20 +220,22 @@ def _assemble_kernel(osc_ref, oid_ref, lrank_ref, lpar_ref, node_ref, ktok_ref, 
                 ((wv >> (col & 31)[None, :]) & 1) == 1, mask=v_ok)
 
 
-@jax.jit
-def assemble(scores, ids, list_ranks, list_parents, node_of, tok) -> dict:
-    """`search`'s outputs -> the tree fields (see `pallas_kernels.tree_search`)."""
+@functools.partial(jax.jit, static_argnames=("num_nodes",))
+def assemble(scores, ids, list_ranks, list_parents, node_of, tok, *, num_nodes: int) -> dict:
+    """`search`'s outputs -> the tree fields (see `pallas_kernels.tree_search`), num_nodes [S]
+    (the static count of real nodes) among them."""
     S, B = scores.shape
     N = B + 1
     i32 = jnp.int32
     shapes = [((S, B), i32), ((S, B), i32), ((S, N), i32), ((S, N, N), jnp.bool_),
-              ((S, N, -(-N // 32)), i32), ((S, B), jnp.float32)]
+              ((S, N, -(-N // 32)), i32), ((S, B), jnp.float32), ((S,), i32)]
     interpret = interpret_mode()
     rows = max(1, min(32, ASSEMBLE_ENTRIES // pow2_at_least(N)))
     out = pl.pallas_call(
-        functools.partial(_assemble_kernel, rows=rows, interpret=interpret),
+        functools.partial(_assemble_kernel, rows=rows, num_nodes=num_nodes, interpret=interpret),
         out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes),
         grid=(S, -(-N // rows)), interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
     )(scores, ids, list_ranks, list_parents, node_of, tok)
-    return dict(zip(("tokens", "depths", "parents", "visibility", "node_mask", "scores"), out))
+    return dict(zip(("tokens", "depths", "parents", "visibility", "node_mask", "scores",
+                     "num_nodes"), out))

@@ -77,7 +77,8 @@ def assemble(scores, tokens, par_slot, num_nodes: int) -> dict:
     return dict(tokens=scatter(tokens, 0, jnp.int32)[:, 1:],
                 depths=scatter(depth, 0, jnp.int32)[:, 1:],
                 parents=parents, visibility=visibility, node_mask=pack_bits(visibility),
-                scores=scatter(scores, -jnp.inf, jnp.float32)[:, 1:])
+                scores=scatter(scores, -jnp.inf, jnp.float32)[:, 1:],
+                num_nodes=jnp.full((S,), num_nodes, jnp.int32))
 
 
 def ancestors(parents, max_depth: int):
