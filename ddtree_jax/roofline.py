@@ -92,11 +92,12 @@ class Calibration:
 
 CALIBRATIONS = {
     "measured": Calibration(
-        "measured", moe_bw_eff=0.40, moe_mm_eff=0.15, moe_min_us=975, attn_eff=0.30, attn_min_us=60,
+        "measured", moe_bw_eff=0.57, moe_mm_eff=0.15, moe_min_us=125, attn_eff=0.30, attn_min_us=60,
         dense_bw_eff=0.80, dense_mm_eff=0.80, comm_eff=0.80, layer_us=30, step_us=300,
-        source="this repo's H200 kernels (moe_gemm.md: INT4 40% of copy at T=16..256, 975 us at "
-               "T=1, ~15% of matmul at T=4096; mla_attention.md: 25-38% of floor, ~60 us launch-"
-               "bound floor; bf16-weight GEMMs 75-85% of copy); comm, layer and step terms assumed"),
+        source="this repo's H200 kernels (BENCHMARKS.md, session 4: INT4 MoE 55-61% of copy at "
+               "T=16..256, 129 us at T=1, ~15% of matmul at T=4096 (moe_gemm.md); "
+               "mla_attention.md: 25-38% of floor, ~60 us launch-bound floor; bf16-weight GEMMs "
+               "75-85% of copy); comm, layer and step terms assumed"),
     "marlin": Calibration(
         "marlin", moe_bw_eff=0.70 / _COPY_RATIO, moe_mm_eff=0.25, moe_min_us=20, attn_eff=0.80,
         attn_min_us=10, dense_bw_eff=0.85, dense_mm_eff=0.80, comm_eff=0.80, layer_us=15,
@@ -110,8 +111,9 @@ UNIT = Calibration("roofline", moe_bw_eff=1, moe_mm_eff=1, moe_min_us=0, attn_ef
                    dense_bw_eff=1, dense_mm_eff=1, comm_eff=1, layer_us=0, step_us=0,
                    source="bare roofline (all efficiencies 1, no latencies)")
 
-# build_tree on the H200 (experiments/results/tree.md, S=16, Pallas top-k), microseconds by budget
-_TREE_H200_US = ((64, 283.1), (256, 438.0), (1024, 1727.7))
+# build_tree on the H200 (experiments/results/tree_h200_session4.md, S=16, f32 logits, profiler
+# device time), microseconds by budget
+_TREE_H200_US = ((64, 89.7), (256, 132.7), (1024, 738.3))
 
 
 @dataclasses.dataclass(frozen=True)

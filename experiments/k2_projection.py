@@ -73,7 +73,8 @@ def published_checks(dep: rf.Deployment, tau: rf.TauCurve) -> list[dict]:
             "model streams 9.5 GB (INT4 + bf16 scales; the quoted 8.5 GB is the nibbles alone) at the "
             "calibration's fraction of 1.6 TB/s copy")
         add("MoE per-token cost at T=1 (1 GPU), us", moe1(1, 1) * 1e6, PUBLISHED["per_token_us_1"],
-            "8 experts = 198 MB; 'measured' adds our kernel's ~1 ms latency floor")
+            f"8 experts = 198 MB, at least {cal.moe_min_us:.0f} us ({cal.name}'s latency floor, "
+            f"on the H200)")
         add("MoE per-token cost at T=256 (1 GPU), us", moe1(256, 1) / 256 * 1e6,
             PUBLISHED["per_token_us_256"], "one GPU must stream all 9.5 GB: >= 5.3 us/token at peak, so "
             "the quote cannot be one GPU's whole layer")
