@@ -116,10 +116,11 @@ def test_superset_is_a_prefix_of_the_order(kind, n, frac, seed):
     assert set(np.flatnonzero(got)) == set(order[:got.sum()])
 
 
-@pytest.mark.parametrize("cfg", [(1, 1, 64), (2, 2, 16384), (1, 2, 256)])
+@pytest.mark.parametrize("cfg", [(1, 1, 64), (2, 2, 16384), (1, 2, 256), (2, 1, 256, 8, 32)])
 @pytest.mark.parametrize("kind", ["normal", "ints"])
 def test_select_configs_are_exact(cfg, kind):
-    """Every select-kernel sizing (group cap, element cap, ranking tile) gives the exact top-k."""
+    """Every select-kernel sizing (group cap, element cap, ranking tile, warps, group size) gives
+    the exact top-k."""
     from pallas_kernels.topk.pallas_triton import SelectConfig, _topk
 
     x = _draw(np.random.default_rng(len(kind)), kind, 2, 300)

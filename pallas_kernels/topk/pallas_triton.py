@@ -275,11 +275,14 @@ def _topk(x: jax.Array, k: int, with_lse: bool, cfg: SelectConfig = SelectConfig
     return values, indices, rest[0] if with_lse else None
 
 
+SELECT = SelectConfig()  # the select kernel's sizes for the registered operations (read when traced)
+
+
 @registry.register("topk_logsumexp", "pallas_triton")
 def topk_logsumexp(x: jax.Array, k: int):
-    return _topk(x, k, True)
+    return _topk(x, k, True, SELECT)
 
 
 @registry.register("topk", "pallas_triton")
 def topk(x: jax.Array, k: int):
-    return _topk(x, k, False)[:2]
+    return _topk(x, k, False, SELECT)[:2]
