@@ -105,6 +105,13 @@ def test_serve_refills_slots_and_equals_generate(pair32, prompts, greedy_ar, met
     assert all(0 < t <= out.decode_seconds for t in out.request_seconds)
 
 
+def test_admission_sizes():
+    """Slots seen done together are refilled by one call padded to one of these sizes."""
+    from ddtree_jax.serving import batch_sizes
+    assert batch_sizes(1) == (1,) and batch_sizes(2) == (1, 2) and batch_sizes(7) == (1, 4, 7)
+    assert batch_sizes(16) == (1, 4, 16) and batch_sizes(17) == (1, 4, 16, 17)
+
+
 def test_serve_more_slots_than_requests_and_bad_input(pair32, prompts, greedy_ar):
     target, drafter = pair32
     max_new, stop, ar = greedy_ar
