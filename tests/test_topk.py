@@ -128,3 +128,12 @@ def test_select_configs_are_exact(cfg, kind):
     want_v, want_i = topk_ref(x, 20)
     np.testing.assert_array_equal(np.asarray(indices), want_i)
     np.testing.assert_array_equal(np.asarray(values), want_v)
+
+
+@pytest.mark.parametrize("field, value", [("group_cap", 3), ("elem_cap", 0), ("rank_pairs", 100),
+                                          ("warps", 6), ("group", 12)])
+def test_bad_select_config_names_the_field(field, value):
+    from pallas_kernels.topk.pallas_triton import SelectConfig, _topk
+
+    with pytest.raises(ValueError, match=f"SelectConfig.{field}"):
+        _topk(jnp.zeros((2, 64)), 4, True, SelectConfig()._replace(**{field: value}))

@@ -227,6 +227,20 @@ class SelectConfig(NamedTuple):
     warps: int = 0
     group: int = 0
 
+    def check(self) -> None:
+        """Raise ValueError naming the first field the kernel cannot use."""
+        pow2 = lambda v: isinstance(v, int) and v >= 1 and v & (v - 1) == 0  # noqa: E731
+        for name in ("group_cap", "elem_cap", "rank_pairs"):
+            if not pow2(getattr(self, name)):
+                raise ValueError(f"SelectConfig.{name} must be a power of two >= 1; got "
+                                 f"{getattr(self, name)!r}")
+        if self.warps not in (0, 1, 2, 4, 8, 16, 32):
+            raise ValueError(f"SelectConfig.warps must be 0 (auto) or a power of two <= 32; got "
+                             f"{self.warps!r}")
+        if self.group != 0 and not pow2(self.group):
+            raise ValueError(f"SelectConfig.group must be 0 (auto) or a power of two; got "
+                             f"{self.group!r}")
+
 
 def _params(num_warps: int):
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
@@ -242,6 +256,7 @@ def _topk(x: jax.Array, k: int, with_lse: bool, cfg: SelectConfig = SelectConfig
     """x [R, V] -> (values [R, k] desc, indices [R, k] int32, lse [R] or None), all float32.
     x is read in its own dtype (bf16 logits: half the bytes of the one full pass) and converted in
     registers; float32 holds every bf16/f16 value exactly, so the order is x's own."""
+    cfg.check()
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         x = x.astype(jnp.float32)
     R, V = x.shape
