@@ -9,8 +9,8 @@ row out and admits the next request into the slot with a prefill (`_admit`: the 
 the target and the drafter's context, written into the slot's rows of every cache; the other slots
 are untouched). Slots seen done in the same poll are copied out and refilled together, one call
 each padded to a compiled size (`batch_sizes`): on the H200 one admission per request cost about
-3 ms of host and device time, more than ten ar steps. Per request the output equals `generate`'s for the same prompt (greedy:
-token for token); sampled draws come from the slot's position in the shared key stream.
+3 ms of host and device time, more than ten ar steps. Per request the output equals `generate`'s
+for the same prompt (greedy: token for token); sampled draws come from the admission call's key.
 
 tokens/s here = generated tokens / wall time from the first step to the last request's result,
 with every admission's prefill inside it (the first S prompts' prefill is reported apart).
