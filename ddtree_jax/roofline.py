@@ -111,9 +111,9 @@ UNIT = Calibration("roofline", moe_bw_eff=1, moe_mm_eff=1, moe_min_us=0, attn_ef
                    dense_bw_eff=1, dense_mm_eff=1, comm_eff=1, layer_us=0, step_us=0,
                    source="bare roofline (all efficiencies 1, no latencies)")
 
-# build_tree on the H200 (experiments/results/tree_h200_session4.md, S=16, f32 logits, profiler
+# build_tree on the H200 (experiments/results/tree_h200_session5.md, S=16, f32 logits, profiler
 # device time), microseconds by budget
-_TREE_H200_US = ((64, 89.7), (256, 132.7), (1024, 738.3))
+_TREE_H200_US = ((64, 89.7), (256, 122.4), (1024, 549.9))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref
 from pallas_kernels import registry, topk, tree_search  # noqa: F401  (registering)
 from pallas_kernels.topk import pallas_triton as topk_pallas
+from pallas_kernels.tree_search import pallas_triton as search_pallas
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("budgets", ["64", "256", "1024"], "tree budgets")
@@ -55,8 +56,11 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                   "draft logits dtype (a bf16 lm_head's output is bf16; read as is)")
 flags.DEFINE_float("peak", 0.0, "added to one random token's logit per (stream, depth)")
 flags.DEFINE_list("impls", ["xla", "pallas_triton"], "kernel implementations to time")
-flags.DEFINE_list("select_config", [], "Pallas select-kernel sizes, SelectConfig fields in order "
-                  "(group_cap, elem_cap, rank_pairs, warps, group); empty: the default")
+flags.DEFINE_list("select_config", [], "Pallas top-k kernel sizes, SelectConfig fields in order "
+                  "(group_cap, elem_cap, rank_pairs, warps, group, chunk, chunk_warps); "
+                  "empty: the default")
+flags.DEFINE_integer("search_cols", 0, "columns of the Pallas search kernel's ranking tile; "
+                     "0: the default")
 flags.DEFINE_integer("n", 4, "inputs per timed call (device time from t(n) - t(1))")
 flags.DEFINE_integer("reps", 15, "timed repetitions (median)")
 flags.DEFINE_integer("ref_reps", 3, "repetitions of the host reference (median)")
@@ -138,12 +142,14 @@ def _ref_topk(x, K):
 def main(_):
     if FLAGS.select_config:
         topk_pallas.SELECT = topk_pallas.SelectConfig(*map(int, FLAGS.select_config))
+    if FLAGS.search_cols:
+        search_pallas.SEARCH_COLS = FLAGS.search_cols
     L, V = FLAGS.depth, FLAGS.vocab
     dev = jax.devices()[0]
     header = (f"device: {dev.device_kind} ({jax.default_backend()}); jax {jax.__version__}; "
               f"python {platform.python_version()}; L={L}, V={V}, logits N(0,{FLAGS.logit_scale}^2)"
               f" + peak {FLAGS.peak} in {FLAGS.dtype}, n={FLAGS.n}, reps={FLAGS.reps}; "
-              f"{topk_pallas.SELECT}")
+              f"{topk_pallas.SELECT}, search tile columns {search_pallas.SEARCH_COLS}")
     print(header, flush=True)
     rows = []
     key = jax.random.key(0)

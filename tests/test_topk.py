@@ -116,11 +116,13 @@ def test_superset_is_a_prefix_of_the_order(kind, n, frac, seed):
     assert set(np.flatnonzero(got)) == set(order[:got.sum()])
 
 
-@pytest.mark.parametrize("cfg", [(1, 1, 64), (2, 2, 16384), (1, 2, 256), (2, 1, 256, 8, 32)])
+@pytest.mark.parametrize("cfg", [(1, 1, 64), (2, 2, 16384), (1, 2, 256), (2, 1, 256, 8, 32),
+                                 (2, 1, 16, 0, 0, 512, 2)])
 @pytest.mark.parametrize("kind", ["normal", "ints"])
 def test_select_configs_are_exact(cfg, kind):
-    """Every select-kernel sizing (group cap, element cap, ranking tile, warps, group size) gives
-    the exact top-k."""
+    """Every sizing of the top-k kernels (group cap, element cap, ranking tile, warps, group size,
+    group-max chunk and warps) gives the exact top-k; rank_pairs 16 < 32 candidates walks the
+    list in two tiles."""
     from pallas_kernels.topk.pallas_triton import SelectConfig, _topk
 
     x = _draw(np.random.default_rng(len(kind)), kind, 2, 300)
@@ -131,7 +133,8 @@ def test_select_configs_are_exact(cfg, kind):
 
 
 @pytest.mark.parametrize("field, value", [("group_cap", 3), ("elem_cap", 0), ("rank_pairs", 100),
-                                          ("warps", 6), ("group", 12)])
+                                          ("warps", 6), ("group", 12), ("chunk", 3000),
+                                          ("chunk_warps", 0)])
 def test_bad_select_config_names_the_field(field, value):
     from pallas_kernels.topk.pallas_triton import SelectConfig, _topk
 

@@ -1,20 +1,22 @@
 """Pallas:Triton top-k by threshold selection: x is read once in full, then only ~k*G elements.
 
 Row x [V] is viewed as M = ceil(V/G) groups of G consecutive entries (G a power of two <= 16 with
-M >= 2k where V allows). Two kernels:
+M >= 2k where V allows). Three kernels:
   1. group max (grid R x M/blk): gm [R, M] = per-group max, plus per-block (max, sum exp) partials
                                  for the row logsumexp. The only full pass over x.
-  2. select    (grid R):         one program per row, three steps with a barrier between them:
-     groups:   a superset of the k groups first in (gm desc, group asc) order, at most 2*kp of
-               them (kp = k rounded up to a power of two). Those k groups hold the whole top-k: an
-               element outside them is preceded by each of their maxima.
-     elements: their k..kp elements first in (value desc, index asc) order.
-     rank:     each one's rank among those by pairwise counting; the first k are the output.
-Every step keeps a set that is a prefix of the (key desc, position asc) order: all keys > t plus
-the keys == t before a cut, found by bisection over order-preserving int32 keys (-0.0 == 0.0),
-stopping as soon as the set size lies in [k, cap] (`superset`). Sets are compacted in position
-order with an exclusive cumsum and scattered through global scratch, so a later step reads them
-densely; `rank_by_counting` then needs no tie-break beyond the position. Exact for any input
+  2. select    (grid R):         one program per row, two steps with a barrier between them:
+     groups:   a superset of the k groups first in (gm desc, group asc) order, at most
+               group_cap*kp of them (kp = k rounded up to a power of two). Those k groups hold the
+               whole top-k: an element outside them is preceded by each of their maxima.
+     elements: their first k..elem_cap*kp elements in (value desc, index asc) order, written
+               densely in index order with their count.
+  3. rank      (grid R x candidate blocks): each candidate's rank among its row's by pairwise
+               counting, many programs per row; the first k are the output, in order.
+Every selection keeps a set that is a prefix of the (key desc, position asc) order: all keys > t
+plus the keys == t before a cut, found by bisection over order-preserving int32 keys (-0.0 ==
+0.0), stopping as soon as the set size lies in [k, cap] (`superset`). Sets are compacted in
+position order with an exclusive cumsum and scattered through global scratch, so a later step
+reads them densely; the ranking then needs no tie-break beyond the position. Exact for any input
 without NaN; data-dependent loop counts only change the time.
 """
 
@@ -31,8 +33,6 @@ from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 _INT_MIN = -(2**31)
 _INT_MAX = 2**31 - 1
-_CHUNK = 8192  # entries of x per program of the group-max pass
-RANK_PAIRS = 16384  # entries of one pairwise comparison tile in `rank_by_counting`
 _NOWHERE = 2**30  # index of a masked-off scattered lane: out of range, so interpret mode drops it
 
 
@@ -108,27 +108,6 @@ def exclusive_cumsum(m):
     return (jnp.cumsum(flat) - flat).reshape(m.shape)
 
 
-def rank_by_counting(v, n, load_tile, tile: int):
-    """Rank of each of the first n entries of a dense list in (value desc, position asc) order.
-
-    v [P] float32: the list's entries in registers (entry e at position e); load_tile(t) -> the
-    values at positions t*tile .. t*tile + tile - 1 (beyond n: anything). Only ceil(n/tile) tiles
-    are visited. Ranks of positions >= n are meaningless. (Taking the column tiles from v itself,
-    through a reshape, instead of reloading them measured no faster on the H200 and made k = 1024
-    2.3x slower: its 64 unrolled tiles.)
-    """
-    e = jnp.arange(v.shape[0])
-
-    def body(t, rank):
-        f = t * tile + jnp.arange(tile)
-        fv = load_tile(t)
-        before = jnp.where(f[None, :] < e[:, None], fv[None, :] >= v[:, None],
-                           fv[None, :] > v[:, None])
-        return rank + jnp.sum(jnp.where(before & (f < n)[None, :], 1, 0), axis=1)
-
-    return jax.lax.fori_loop(0, (n + tile - 1) // tile, body, jnp.zeros(v.shape, jnp.int32))
-
-
 def at(pos, mask):
     """Scatter index: pos where mask, else out of range (interpret mode writes masked-off lanes
     back unless their index is out of range, and in-range duplicates would race)."""
@@ -159,11 +138,11 @@ def _group_max_kernel(x_ref, gm_ref, *lse_refs, num_groups: int, block: int):
 
 
 def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: int, k: int,
-                   rank_pairs: int, interpret: bool):
+                   interpret: bool):
     if num_blocks:
-        pm_ref, ps_ref, v_ref, i_ref, lse_ref, gsel_ref, cv_ref, ci_ref = refs
+        pm_ref, ps_ref, cv_ref, ci_ref, ne_ref, lse_ref, gsel_ref = refs
     else:
-        v_ref, i_ref, gsel_ref, cv_ref, ci_ref = refs
+        cv_ref, ci_ref, ne_ref, gsel_ref = refs
     r = pl.program_id(0)
     if num_blocks:  # row logsumexp from the group-max pass's partials
         ok = jnp.arange(pow2_at_least(num_blocks)) < num_blocks
@@ -197,46 +176,73 @@ def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: in
     dst = at(exclusive_cumsum(sel), sel)
     plgpu.store(cv_ref.at[r, dst], x, mask=sel)
     plgpu.store(ci_ref.at[r, dst], idx, mask=sel)
-    barrier(interpret)
-    # Rank: the first k of the ne candidates are the output, in order.
-    e = jnp.arange(ce)
-    v = plgpu.load(cv_ref.at[r, e], mask=e < ne, other=0.0)
-    i = plgpu.load(ci_ref.at[r, e], mask=e < ne, other=0)
-    tile = min(ce, max(1, rank_pairs // ce))
-    rank = rank_by_counting(
-        v, ne, lambda t: plgpu.load(cv_ref.at[r, t * tile + jnp.arange(tile)],
-                                    mask=t * tile + jnp.arange(tile) < ne, other=0.0), tile)
-    keep = (e < ne) & (rank < k)
+    plgpu.store(ne_ref.at[pl.ds(r, 1)], jnp.full((1,), ne, jnp.int32))
+
+
+def _rank_kernel(cv_ref, ci_ref, ne_ref, v_ref, i_ref, *, k: int, rows: int, cols: int):
+    """Candidates b*rows .. b*rows + rows - 1 of row r: rank among the row's ne by counting over
+    column tiles [rows, cols] (one tile when cols covers the list); those ranked < k land at
+    their rank."""
+    r, b = pl.program_id(0), pl.program_id(1)
+    ne = plgpu.load(ne_ref.at[pl.ds(r, 1)])[0]
+    e = b * rows + jnp.arange(rows)
+    ok = e < ne
+    v = plgpu.load(cv_ref.at[r, e], mask=ok, other=0.0)
+    i = plgpu.load(ci_ref.at[r, e], mask=ok, other=0)
+
+    def count(t, rank):
+        f = t * cols + jnp.arange(cols)
+        f_ok = f < ne
+        fv = plgpu.load(cv_ref.at[r, f], mask=f_ok, other=0.0)
+        before = jnp.where(f[None, :] < e[:, None], fv[None, :] >= v[:, None],
+                           fv[None, :] > v[:, None])
+        return rank + jnp.sum(jnp.where(before & f_ok[None, :], 1, 0), axis=1)
+
+    zero = jnp.zeros((rows,), jnp.int32)
+    if cols == cv_ref.shape[1]:
+        rank = count(0, zero)
+    else:
+        rank = jax.lax.fori_loop(0, (ne + cols - 1) // cols, count, zero)
+    keep = ok & (rank < k)
     plgpu.store(v_ref.at[r, at(rank, keep)], v, mask=keep)
     plgpu.store(i_ref.at[r, at(rank, keep)], i, mask=keep)
 
 
 class SelectConfig(NamedTuple):
-    """Sizes of the select kernel, in units of kp = k rounded up to a power of two.
+    """Sizes of the top-k kernels; the caps in units of kp = k rounded up to a power of two.
 
     group_cap: the group step keeps at most group_cap * kp groups (fewer bisection steps when
     larger; more elements in the next step); elem_cap: the element step keeps at most
-    elem_cap * kp candidates (1: bisection down to exactly k when k is a power of two; 2: usually
-    no bisection, four times the pairwise ranking); rank_pairs: entries of one comparison tile of
-    `rank_by_counting`; warps: 0 picks by the largest array; group: G, 0 = `group_size(V, k)`.
+    elem_cap * kp candidates (1: bisection down to exactly k when k is a power of two; 2: fewer
+    bisection steps, four times the pairwise ranking, which the rank kernel spreads over many
+    programs); rank_pairs: entries of one comparison tile of the rank kernel, whose programs
+    each rank rank_pairs / (elem_cap * kp) candidates against the whole list at once (at least
+    one candidate; a longer list is walked in tiles); warps: the select kernel's, 0 picks by the
+    largest array; group: G, 0 = `group_size(V, k)`; chunk, chunk_warps: entries of x per program
+    of the group-max pass, and its warps.
     """
 
     group_cap: int = 2
     elem_cap: int = 1
-    rank_pairs: int = RANK_PAIRS
+    rank_pairs: int = 8192
     warps: int = 0
     group: int = 0
+    chunk: int = 8192
+    chunk_warps: int = 4
 
     def check(self) -> None:
         """Raise ValueError naming the first field the kernel cannot use."""
         pow2 = lambda v: isinstance(v, int) and v >= 1 and v & (v - 1) == 0  # noqa: E731
-        for name in ("group_cap", "elem_cap", "rank_pairs"):
+        for name in ("group_cap", "elem_cap", "rank_pairs", "chunk"):
             if not pow2(getattr(self, name)):
                 raise ValueError(f"SelectConfig.{name} must be a power of two >= 1; got "
                                  f"{getattr(self, name)!r}")
         if self.warps not in (0, 1, 2, 4, 8, 16, 32):
             raise ValueError(f"SelectConfig.warps must be 0 (auto) or a power of two <= 32; got "
                              f"{self.warps!r}")
+        if self.chunk_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"SelectConfig.chunk_warps must be a power of two <= 32; got "
+                             f"{self.chunk_warps!r}")
         if self.group != 0 and not pow2(self.group):
             raise ValueError(f"SelectConfig.group must be 0 (auto) or a power of two; got "
                              f"{self.group!r}")
@@ -266,31 +272,37 @@ def _topk(x: jax.Array, k: int, with_lse: bool, cfg: SelectConfig = SelectConfig
         x = jnp.pad(x, ((0, 0), (0, M * g - V)), constant_values=-jnp.inf)
     x3 = x.reshape(R, M, g)
     interpret = interpret_mode()
-    blk = min(pow2_at_least(M), max(1, _CHUNK // g))
+    blk = min(pow2_at_least(M), max(1, cfg.chunk // g))
     nblk = -(-M // blk)
     gm, *partials = pl.pallas_call(
         functools.partial(_group_max_kernel, num_groups=M, block=blk),
         out_shape=(jax.ShapeDtypeStruct((R, nblk * blk), jnp.float32),)
         + (jax.ShapeDtypeStruct((R, nblk), jnp.float32),) * (2 if with_lse else 0),
-        grid=(R, nblk), interpret=interpret, compiler_params=_params(4),
+        grid=(R, nblk), interpret=interpret, compiler_params=_params(cfg.chunk_warps),
     )(x3)
     kp = pow2_at_least(k)
     capg = min(cfg.group_cap * kp, pow2_at_least(M))
     ce = min(cfg.elem_cap * kp, capg * g)
     f32, i32 = jnp.float32, jnp.int32
-    outs = ((R, k), f32), ((R, k), i32), *((((R,), f32),) if with_lse else ()), \
-        ((R, capg), i32), ((R, ce), f32), ((R, ce), i32)  # the last three: scratch
-    values, indices, *rest = pl.pallas_call(
+    outs = ((R, ce), f32), ((R, ce), i32), ((R,), i32), *((((R,), f32),) if with_lse else ()), \
+        ((R, capg), i32)  # candidates, their indices and count, lse; scratch
+    cv, ci, ne, *rest = pl.pallas_call(
         functools.partial(_select_kernel, num_groups=M, num_blocks=nblk if with_lse else 0, g=g,
-                          k=k, rank_pairs=cfg.rank_pairs, interpret=interpret),
+                          k=k, interpret=interpret),
         out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in outs),
         grid=(R,), interpret=interpret,
         compiler_params=_params(cfg.warps or _warps(max(pow2_at_least(M), capg * g))),
     )(x3, gm, *partials)
+    rows = max(1, min(ce, cfg.rank_pairs // ce))
+    values, indices = pl.pallas_call(
+        functools.partial(_rank_kernel, k=k, rows=rows, cols=min(ce, cfg.rank_pairs // rows)),
+        out_shape=(jax.ShapeDtypeStruct((R, k), f32), jax.ShapeDtypeStruct((R, k), i32)),
+        grid=(R, ce // rows), interpret=interpret, compiler_params=_params(4),
+    )(cv, ci, ne)
     return values, indices, rest[0] if with_lse else None
 
 
-SELECT = SelectConfig()  # the select kernel's sizes for the registered operations (read when traced)
+SELECT = SelectConfig()  # the top-k kernels' sizes for the registered operations (read when traced)
 
 
 @registry.register("topk_logsumexp", "pallas_triton")
