@@ -134,7 +134,8 @@ def test_bf16_experts_roundtrip():
         np.testing.assert_array_equal(np.asarray(back[name]), np.asarray(w))
 
 
-@pytest.mark.parametrize("t,k,e,bm", [(1, 8, 384, 16), (37, 4, 6, 8), (64, 2, 3, 16)])
+@pytest.mark.parametrize("t,k,e,bm", [(1, 8, 384, 16), (37, 4, 6, 8), (64, 2, 3, 16),
+                                      (600, 8, 384, 16)])
 def test_align_routing_invariants(t, k, e, bm):
     rng = _rng()
     ids = rng.integers(0, e, (t, k)).astype(np.int32)
@@ -157,6 +158,21 @@ def test_align_routing_invariants(t, k, e, bm):
     counts = np.bincount(flat, minlength=e)
     assert used.size == np.sum(-(-counts // bm))
     assert np.all(np.diff(block_expert[used]) >= 0)                           # sorted by expert
+    real = row_slot[row_slot < n]
+    for ex in range(e):                                                       # slot order kept
+        assert np.all(np.diff(real[flat[real] == ex]) > 0)
+
+
+@pytest.mark.parametrize("t,k,e,bm", [(1, 8, 384, 16), (37, 4, 6, 8), (300, 2, 8, 16)])
+def test_align_routing_count_equals_sort(monkeypatch, t, k, e, bm):
+    """The counted and the sorted place-in-run give the same Routing, array for array."""
+    from pallas_kernels.moe import align
+
+    ids = jnp.asarray(_rng().integers(0, e, (t, k)).astype(np.int32))
+    counted = align.align_routing(ids, e, bm)
+    monkeypatch.setattr(align, "COUNT_MAX_SLOTS", 0)
+    for a, b in zip(counted, align.align_routing(ids, e, bm)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_bad_inputs_raise():

@@ -2,13 +2,19 @@
 
 The T*k token slots (slot = t*k + j) are sorted by expert and each expert's run is padded to a
 multiple of the row block `block_m`, so every block of `block_m` sorted rows belongs to one
-expert. Shapes are static for a given (T, k, E, block_m): the number of blocks is the worst case
-over all routings, unused trailing blocks carry expert -1.
+expert; within an expert, slots keep their order. Shapes are static for a given (T, k, E,
+block_m): the number of blocks is the worst case over all routings, unused trailing blocks carry
+expert -1. A slot's place within its expert's run is the count of earlier slots routed to the same
+expert: for up to COUNT_MAX_SLOTS slots it is counted directly (one [n, n] comparison, a single
+fused reduction); beyond, a stable argsort gives it (on the H200 each XLA sort of a decode step's
+routing took 4.6 us at 65 tokens and 18.6 us at 1040 tokens).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+COUNT_MAX_SLOTS = 4096  # T*k up to which the place in the expert's run is counted, not sorted
 
 import jax
 import jax.numpy as jnp
@@ -37,11 +43,17 @@ def align_routing(topk_ids, num_experts: int, block_m: int) -> Routing:
     nb = max_blocks(n, num_experts, block_m)
     counts = jnp.bincount(flat, length=num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
-    start = jnp.cumsum(counts) - counts
     start_padded = jnp.cumsum(padded) - padded
-    order = jnp.argsort(flat, stable=True).astype(jnp.int32)     # slots grouped by expert
-    expert = flat[order]
-    row = start_padded[expert] + jnp.arange(n, dtype=jnp.int32) - start[expert]
+    slot = jnp.arange(n, dtype=jnp.int32)
+    if n <= COUNT_MAX_SLOTS:
+        earlier = (flat[None, :] == flat[:, None]) & (slot[None, :] < slot[:, None])
+        row = start_padded[flat] + jnp.sum(earlier, axis=1, dtype=jnp.int32)
+        order, expert = slot, flat
+    else:
+        order = jnp.argsort(flat, stable=True).astype(jnp.int32)     # slots grouped by expert
+        expert = flat[order]
+        start = jnp.cumsum(counts) - counts
+        row = start_padded[expert] + slot - start[expert]
     row = row.astype(jnp.int32)
     row_slot = jnp.full((nb * block_m,), n, jnp.int32).at[row].set(order)
     slot_row = jnp.zeros((n,), jnp.int32).at[order].set(row)
