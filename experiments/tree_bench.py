@@ -59,6 +59,7 @@ flags.DEFINE_list("impls", ["xla", "pallas_triton"], "kernel implementations to 
 flags.DEFINE_list("select_config", [], "Pallas top-k kernel sizes, SelectConfig fields in order "
                   "(group_cap, elem_cap, rank_pairs, warps, group, chunk, chunk_warps); "
                   "empty: the default")
+flags.DEFINE_integer("search_warps", 0, "warps of the Pallas search kernel; 0: the default")
 flags.DEFINE_integer("search_cols", 0, "columns of the Pallas search kernel's ranking tile; "
                      "0: the default")
 flags.DEFINE_integer("n", 4, "inputs per timed call (device time from t(n) - t(1))")
@@ -144,12 +145,15 @@ def main(_):
         topk_pallas.SELECT = topk_pallas.SelectConfig(*map(int, FLAGS.select_config))
     if FLAGS.search_cols:
         search_pallas.SEARCH_COLS = FLAGS.search_cols
+    if FLAGS.search_warps:
+        search_pallas.SEARCH_WARPS = FLAGS.search_warps
     L, V = FLAGS.depth, FLAGS.vocab
     dev = jax.devices()[0]
     header = (f"device: {dev.device_kind} ({jax.default_backend()}); jax {jax.__version__}; "
               f"python {platform.python_version()}; L={L}, V={V}, logits N(0,{FLAGS.logit_scale}^2)"
               f" + peak {FLAGS.peak} in {FLAGS.dtype}, n={FLAGS.n}, reps={FLAGS.reps}; "
-              f"{topk_pallas.SELECT}, search tile columns {search_pallas.SEARCH_COLS}")
+              f"{topk_pallas.SELECT}, search tile columns {search_pallas.SEARCH_COLS}, warps "
+              f"{search_pallas.SEARCH_WARPS}")
     print(header, flush=True)
     rows = []
     key = jax.random.key(0)

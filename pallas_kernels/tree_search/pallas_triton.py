@@ -33,7 +33,10 @@ from pallas_kernels.topk.pallas_triton import (at, barrier, exclusive_cumsum, in
                                                pow2_at_least, superset)
 from pallas_kernels.tree_search.xla import LOGP_FLOOR
 
-SEARCH_WARPS = 16
+# Warps of the search kernel; 0: by the candidate pairs, 4 (budget <= 64) to 16 (budget >= 256).
+# H200, --peak=12 trees: budget 64 5.9 us with 4 warps against 6.6 with 16 (S=16); budget 256
+# 26.3 us with 16 against 28.3 with 8.
+SEARCH_WARPS = 0
 # Columns of the search's pairwise comparison tiles [Bc, SEARCH_COLS] (read when traced). 16: no
 # register spills (ptxas, sm_90a); H200, S=16, budget 256: 12.4 us per search against 16.8 with the
 # earlier 64 columns, which spilled 560 bytes per thread.
@@ -168,7 +171,8 @@ def search(vals, tok, lse, budget: int):
                           cols=SEARCH_COLS, interpret=interpret),
         out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes),
         grid=(S,), interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=SEARCH_WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=SEARCH_WARPS or min(16, max(4, len(ci) // 128)), num_stages=1),
     )(vals.astype(f32).reshape(S * L, K), *lse_args, jnp.asarray(ci), jnp.asarray(cj))
     return (*out[:5], tok.astype(i32).reshape(S * L, K))
 
