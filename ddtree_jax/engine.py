@@ -11,8 +11,9 @@ Per step, entirely on the device (one jitted function, state buffers donated):
   compact the accepted nodes' latent-cache entries move to contiguous slots and their taps join the
           drafter's context; rejected entries are dropped by the lengths.
 Under `jax.set_mesh(mesh)` (ddtree_jax.sharding) the same step runs sharded and `shard_state` keeps
-the state's layout from step to step. The host loop (`decode`) only checks whether every stream is
-done, a few steps behind the device, without making it wait.
+the state's layout from step to step. The host loop (`decode`) reads how many tokens each stream has
+left, a few steps behind the device without making it wait, and stops dispatching once the steps
+in flight should finish every stream.
 Stage times come from the same stage functions jitted one by one and timed on a snapshot of the
 final state.
 """
@@ -94,6 +95,7 @@ class GenerateResult:
     decode_seconds: float
     compile_seconds: float
     request_seconds: list | None = None   # `serve` only: per request, admission to its result
+    device_steps: int = 0        # steps the device ran, including those after every stream was done
 
 
 def shard_state(state: EngineState) -> EngineState:
@@ -219,16 +221,21 @@ def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> Engine
 
 
 def _step_and_flag(tparams, dparams, state: EngineState, plan: Plan, steps: int = 1):
-    """`steps` steps -> (new state, done [S] int8: which streams are done): the flags are their own
-    small buffer, so the host can read them after the state has been donated to the next call. Several
-    steps run in a fixed-count loop on the device (no host round trip between them, one dispatch
-    for all); steps after a stream is done leave it unchanged."""
+    """`steps` steps -> (new state, left [S] int32: tokens each stream has still to emit, 0 once
+    it is done): `left` is its own small buffer, so the host can read it after the state has been
+    donated to the next call. Several steps run in a fixed-count loop on the device (no host round
+    trip between them, one dispatch for all); steps after a stream is done leave it unchanged."""
     if steps == 1:
         state = speculative_step(tparams, dparams, state, plan)
     else:
         state = jax.lax.fori_loop(0, steps, lambda _, s: speculative_step(tparams, dparams, s, plan),
                                   state)
-    return state, state.done.astype(jnp.int8)
+    return state, tokens_left(state)
+
+
+def tokens_left(state: EngineState) -> jnp.ndarray:
+    """[S] int32: tokens each stream may still emit (max_new_tokens - emitted), 0 once it is done."""
+    return jnp.where(state.done, 0, state.max_new - state.out_len).astype(jnp.int32)
 
 
 _step = jax.jit(_step_and_flag, static_argnames=("plan", "steps"), donate_argnames=("state",))
@@ -375,7 +382,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         jax.block_until_ready(state)
         t0 = time.perf_counter()
         state = decode(step, tparams, dparams, state, -(-su.max_steps // steps_per_call),
-                       max_lag=max(1, 3 // steps_per_call))
+                       max_lag=max(1, 3 // steps_per_call), steps_per_call=steps_per_call)
         state.out_len.block_until_ready()
         times.append(time.perf_counter() - t0)
     decode_s = float(np.median(times))
@@ -394,32 +401,58 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         tokens_per_second=generated / decode_s if decode_s > 0 else 0.0,
         stage_times=(stage_times(tparams, dparams, stage_state, plan, stage_reps, steps_per_call)
                      if stage_reps else {}),
-        steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s)
+        steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s,
+        device_steps=int(state.step))
 
 
-def decode(step, tparams, dparams, state: EngineState, max_steps: int, max_lag: int = 3) -> EngineState:
-    """The host loop: call `step` (a compiled `_step`) until every stream is done or `max_steps`
-    calls (each runs the step count it was compiled with).
+def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: int = 3,
+           steps_per_call: int = 1) -> EngineState:
+    """The host loop: call `step` (a compiled `_step` of `steps_per_call` steps) until every
+    stream is done or `max_calls` calls.
 
-    Each call's done flags start their copy to the host when the call is dispatched; the host
+    Each call's `left` counts start their copy to the host when the call is dispatched; the host
     reads them once the device has produced them and blocks only while `max_lag` of them are
     outstanding, so the device never waits for the host's round trip (on an H200 that round trip
-    took more than half of the shipped pair's step). Steps dispatched after the last useful one
-    (at most `max_lag` calls, plus the rest of the last useful call) find every stream done and
-    change nothing but the step counter; they still cost device time, so `generate` keeps the lag
-    at about 3 steps: 3 calls of one step, 1 call of several.
+    took more than half of the shipped pair's step). Calls dispatched after the last useful one
+    would still cost device time, so once counts have arrived the host paces itself: it
+    dispatches another call only while `steps_to_finish` predicts more steps than those already
+    in flight, and otherwise waits for the next counts (ar's prediction is exact; a speculative
+    one that proves short costs the device one host round trip).
     """
-    if bool(np.all(np.asarray(state.done))):
+    left0 = np.asarray(tokens_left(state))
+    if not left0.any():
         return state
-    flags = collections.deque()
-    for _ in range(max_steps):
-        state, finished = step(tparams, dparams, state)
-        finished.copy_to_host_async()
-        flags.append(finished)
-        while flags and (len(flags) > max_lag or flags[0].is_ready()):
-            if np.all(np.asarray(flags.popleft())):
+    pending = collections.deque()       # `left` of dispatched calls not yet read, oldest first
+    read, left = 0, left0               # calls whose counts were read; the latest counts
+
+    def more_needed() -> bool:
+        ahead = len(pending) * steps_per_call
+        return read == 0 or steps_to_finish(left0, left, read * steps_per_call) > ahead
+
+    for _ in range(max_calls):
+        while pending and not more_needed():   # the calls in flight should finish: wait for them
+            left, read = np.asarray(pending.popleft()), read + 1
+            if not left.any():
+                return state
+        state, out = step(tparams, dparams, state)
+        out.copy_to_host_async()
+        pending.append(out)
+        while pending and (len(pending) > max_lag or pending[0].is_ready()):
+            left, read = np.asarray(pending.popleft()), read + 1
+            if not left.any():
                 return state
     return state
+
+
+def steps_to_finish(left0: np.ndarray, left: np.ndarray, steps: int) -> float:
+    """Predicted steps until every stream is done: each active stream's tokens left over its own
+    tokens per step so far (at least 1), the largest. left0, left [S]: tokens left before the
+    first step and after `steps` steps."""
+    active = left > 0
+    if not active.any():
+        return 0.0
+    rate = np.maximum((left0 - left)[active] / max(steps, 1), 1.0)
+    return float(np.max(left[active] / rate))
 
 
 def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,

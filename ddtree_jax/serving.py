@@ -137,20 +137,20 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     slot_req = list(range(s))       # request in each slot (None: idle)
     admitted_at = [0] * s           # calls dispatched before the slot's request was admitted
     copied, next_req, calls = [], s, 0   # copied: (rows on their way to the host, their requests)
-    flags = collections.deque()     # (call number, done flags on their way to the host)
+    flags = collections.deque()     # (call number, tokens left per slot on their way to the host)
     t0 = time.perf_counter()
     started[:s] = [t0] * s
     while any(r is not None for r in slot_req):
         if calls * steps_per_call >= max_steps:
             raise RuntimeError(f"serve: {calls} calls without finishing (bound {max_steps} steps)")
-        state, done = step(tparams, dparams, state)
+        state, left = step(tparams, dparams, state)
         calls += 1
-        done.copy_to_host_async()
-        flags.append((calls, done))
+        left.copy_to_host_async()
+        flags.append((calls, left))
         finished = []                # (slot, request) seen done in this poll
         while flags and (len(flags) > lag or flags[0][1].is_ready()):
-            call, done = flags.popleft()
-            for slot in np.flatnonzero(np.asarray(done)):
+            call, left = flags.popleft()
+            for slot in np.flatnonzero(np.asarray(left) == 0):
                 r = slot_req[slot]
                 if r is None or call <= admitted_at[slot]:   # idle, or flags from before admission
                     continue
@@ -197,4 +197,5 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         tokens=tokens, acceptance_lengths=acc, tau=float(flat.mean()) if flat.size else 0.0,
         tokens_per_second=generated / decode_s if decode_s > 0 else 0.0, stage_times={},
         steps=int(active.sum()), prefill_seconds=prefill_s, decode_seconds=decode_s,
-        compile_seconds=compile_s, request_seconds=[seen[r] - started[r] for r in range(n)])
+        compile_seconds=compile_s, request_seconds=[seen[r] - started[r] for r in range(n)],
+        device_steps=calls * steps_per_call)

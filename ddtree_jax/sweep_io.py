@@ -64,13 +64,14 @@ def read_results(path: str) -> list[dict]:
 
 
 def summary_table(records: Iterable[dict]) -> str:
-    """Markdown table: one row per point, grouped by temperature and streams. Served points
-    (continuous batching) add their requests, median request seconds and per-request tok/s."""
+    """Markdown table: one row per point, grouped by temperature and streams ("steps": steps in
+    which a stream was active; "device steps": steps the device ran, per batch, summed). Served
+    points (continuous batching) add their requests, median request seconds and per-request tok/s."""
     records = list(records)
     served = any(r.get("requests") for r in records)
     extra = " | requests | request p50 s | request tok/s" if served else ""
     head = ("| T | streams | method | budget | tau | tok/s | speedup | step ms | "
-            + " | ".join(f"{s} ms" for s in STAGES) + " | steps" + extra + " |")
+            + " | ".join(f"{s} ms" for s in STAGES) + " | steps | device steps" + extra + " |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     order = {"ar": 0, "dflash": 1, "ddtree": 2, "ddtree-auto": 3}
     for r in sorted(records, key=lambda r: (r["temperature"], r["streams"], order[r["method"]],
@@ -85,7 +86,8 @@ def summary_table(records: Iterable[dict]) -> str:
                         if r.get("requests") else " | "))
         rows.append(f"| {r['temperature']:g} | {r['streams']} | {r['method']} | {r['budget'] or ''} | "
                     f"{r['tau']:.2f} | {r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
-                    + " | ".join(ms(s) for s in STAGES) + f" | {r['steps']}{cells} |")
+                    + " | ".join(ms(s) for s in STAGES)
+                    + f" | {r['steps']} | {r.get('device_steps', '')}{cells} |")
     return "\n".join(rows)
 
 

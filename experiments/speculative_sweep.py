@@ -96,10 +96,10 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
         per_request = np.asarray([len(t) - 1 for t in r.tokens]) / lat
         return dict(tau=r.tau, tokens_per_second=r.tokens_per_second,
                     generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
-                    compile_seconds=r.compile_seconds, steps=r.steps, stage_times=stage,
-                    request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
+                    compile_seconds=r.compile_seconds, steps=r.steps, device_steps=r.device_steps,
+                    stage_times=stage, request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
                     request_tokens_per_second=float(per_request.mean()))
-    acc, tokens, decode, compile_s, steps, stage = [], 0, 0.0, 0.0, 0, None
+    acc, tokens, decode, compile_s, steps, device_steps, stage = [], 0, 0.0, 0.0, 0, 0, None
     for batch in batches:
         r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
                             timing_reps=p["timing_reps"], **kw)
@@ -108,10 +108,11 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
         decode += r.decode_seconds
         compile_s += r.compile_seconds
         steps += r.steps
+        device_steps += r.device_steps
         stage = r.stage_times if stage is None else stage
     return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
                 generated=tokens, decode_seconds=decode, compile_seconds=compile_s, steps=steps,
-                stage_times=stage)
+                device_steps=device_steps, stage_times=stage)
 
 
 def _group(p: dict, **changes) -> str:

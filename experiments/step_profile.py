@@ -47,8 +47,8 @@ def _run_steps(step, tparams, dparams, state, n: int, loop: str):
     if loop == "engine":
         return jax.block_until_ready(engine.decode(step, tparams, dparams, state, n))
     for _ in range(n):
-        state, finished = step(tparams, dparams, state)
-        if loop == "sync" and np.all(np.asarray(finished)):
+        state, left = step(tparams, dparams, state)
+        if loop == "sync" and not np.asarray(left).any():
             break
     return jax.block_until_ready(state)
 

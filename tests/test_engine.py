@@ -234,24 +234,78 @@ def test_bad_input(pair32):
         dj.build_tree(jnp.array([[[0.0, jnp.nan]]]), 2)
 
 
-@pytest.mark.parametrize("finish_at, max_steps", [(1, 10), (4, 10), (12, 10), (10, 10)])
-def test_decode_stops_at_most_max_lag_steps_after_done(finish_at, max_steps):
-    """engine.decode: every step up to the finishing one runs, at most max_lag more, never more
-    than max_steps; a state that is already done runs no step."""
+class _Counts:
+    """A call's `left` counts as `decode` sees them: ready (the device is ahead of the host) or
+    not (decode blocks on them only when max_lag calls are outstanding)."""
+
+    def __init__(self, left, ready: bool):
+        self.left, self.ready = np.asarray(left), ready
+
+    def copy_to_host_async(self):
+        pass
+
+    def is_ready(self):
+        return self.ready
+
+    def __array__(self, dtype=None, copy=None):
+        return self.left
+
+
+def _fake_decode(per_step, max_new, max_calls, steps_per_call=1, max_lag=2, ready=False):
+    """engine.decode over a fake step in which stream i emits per_step[t][i] tokens at step t
+    (the last row repeats); returns (calls dispatched, steps a stream needed at most)."""
     calls = []
+    per_step = np.asarray(per_step)
+
+    def emit(t):
+        return per_step[min(t, len(per_step) - 1)]
 
     def step(tparams, dparams, state):
-        calls.append(state.step)
-        done = jnp.full_like(state.done, state.step + 1 >= finish_at)
-        nxt = state.replace(step=state.step + 1, done=done)
-        return nxt, jnp.all(nxt.done)
+        calls.append(int(state.step))
+        out_len, t = state.out_len, int(state.step)
+        for _ in range(steps_per_call):
+            out_len = jnp.where(state.done, out_len, jnp.minimum(out_len + emit(t), state.max_new))
+            state = state.replace(out_len=out_len, done=out_len >= state.max_new)
+            t += 1
+        state = state.replace(step=jnp.int32(t))
+        return state, _Counts(engine.tokens_left(state), ready)
 
+    s = len(max_new)
     state = engine.EngineState(tcache=None, dcache=None, pending=None, out_tokens=None,
-                               out_len=None, accept=None, done=jnp.zeros((3,), bool),
-                               max_new=None, step=jnp.zeros((), jnp.int32), key=None)
-    out = engine.decode(step, None, None, state, max_steps, max_lag=2)
-    n = len(calls)
-    assert min(finish_at, max_steps) <= n <= min(finish_at + 2, max_steps) and int(out.step) == n
-    calls.clear()
-    done = state.replace(done=jnp.ones((3,), bool))
-    assert engine.decode(step, None, None, done, max_steps) is done and not calls
+                               out_len=jnp.ones((s,), jnp.int32), accept=None,
+                               done=jnp.asarray(np.asarray(max_new) <= 1),
+                               max_new=jnp.asarray(max_new, jnp.int32),
+                               step=jnp.zeros((), jnp.int32), key=None)
+    need, out_len = 0, np.ones(s, int)
+    while (out_len < np.asarray(max_new)).any():
+        out_len = np.minimum(out_len + emit(need), max_new)
+        need += 1
+    out = engine.decode(step, None, None, state, max_calls, max_lag=max_lag,
+                        steps_per_call=steps_per_call)
+    assert int(out.step) == len(calls) * steps_per_call
+    if len(calls) * steps_per_call >= need:
+        assert bool(jnp.all(out.done))
+    return len(calls), need
+
+
+@pytest.mark.parametrize("ready", [False, True])
+@pytest.mark.parametrize("max_new, max_calls", [([11, 6, 2], 20), ([4, 3], 20), ([30], 12)])
+def test_decode_paces_exact_progress_without_waste(max_new, max_calls, ready):
+    """One token per step (ar): once counts arrive the prediction is exact, so decode dispatches
+    just the calls needed (none if every stream is done), never more than max_calls."""
+    calls, need = _fake_decode([[1] * len(max_new)], max_new, max_calls, ready=ready)
+    assert calls == min(need, max_calls)
+    calls, _ = _fake_decode([[1]], [1], max_calls, ready=ready)
+    assert calls == 0
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+@pytest.mark.parametrize("ready", [False, True])
+def test_decode_recovers_from_a_short_prediction(steps_per_call, ready):
+    """Speculative progress that slows down (8 tokens per step, then 1): the prediction proves
+    short, decode waits, finds streams not done and dispatches again until they are; it
+    overshoots by at most max_lag calls plus the rest of the last useful call."""
+    per_step = [[8, 8]] * 3 + [[1, 1]]
+    calls, need = _fake_decode(per_step, [60, 40], 100, steps_per_call=steps_per_call, ready=ready)
+    useful = -(-need // steps_per_call)
+    assert useful <= calls <= useful + 2
