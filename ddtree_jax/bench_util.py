@@ -51,6 +51,20 @@ def intervals_union(spans: Sequence[tuple[float, float]]) -> float:
     return total
 
 
+def kernel_timeline(kernels: Sequence[dict], gap_us: float) -> dict:
+    """Kernel events {ts, dur} in us -> busy_ms (union of intervals), span_ms (first start to last
+    end), and the idle intervals between them longer than gap_us: gaps (count), gap_ms (sum),
+    largest_gap_ms."""
+    spans = sorted((k["ts"], k["ts"] + k["dur"]) for k in kernels)
+    gaps, reach = [], spans[0][1]
+    for s, e in spans[1:]:
+        if s - reach > gap_us:
+            gaps.append(s - reach)
+        reach = max(reach, e)
+    return dict(busy_ms=intervals_union(spans) / 1e3, span_ms=(reach - spans[0][0]) / 1e3,
+                gaps=len(gaps), gap_ms=sum(gaps) / 1e3, largest_gap_ms=max(gaps, default=0.0) / 1e3)
+
+
 def device_kernels(trace_dir: str) -> tuple[list[dict], list[str]]:
     """(kernel events {name, ts, dur} in us on the device streams, every process name) of the
     newest trace in trace_dir."""

@@ -406,7 +406,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
 
 
 def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: int = 3,
-           steps_per_call: int = 1) -> EngineState:
+           steps_per_call: int = 1, pace: bool = True) -> EngineState:
     """The host loop: call `step` (a compiled `_step` of `steps_per_call` steps) until every
     stream is done or `max_calls` calls.
 
@@ -417,9 +417,10 @@ def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: 
     would still cost device time, so once counts have arrived the host paces itself: it
     dispatches another call only while `steps_to_finish` predicts more steps than those already
     in flight, and otherwise waits for the next counts (ar's prediction is exact; a speculative
-    one that proves short costs the device one host round trip).
+    one that proves short costs the device one host round trip). pace=False: dispatch up to
+    `max_lag` calls ahead to the end, as for an unknown finish.
     """
-    left0 = np.asarray(tokens_left(state))
+    left0 = np.where(np.asarray(state.done), 0, np.asarray(state.max_new) - np.asarray(state.out_len))
     if not left0.any():
         return state
     pending = collections.deque()       # `left` of dispatched calls not yet read, oldest first
@@ -427,7 +428,7 @@ def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: 
 
     def more_needed() -> bool:
         ahead = len(pending) * steps_per_call
-        return read == 0 or steps_to_finish(left0, left, read * steps_per_call) > ahead
+        return not pace or read == 0 or steps_to_finish(left0, left, read * steps_per_call) > ahead
 
     for _ in range(max_calls):
         while pending and not more_needed():   # the calls in flight should finish: wait for them

@@ -19,6 +19,22 @@ def test_kernel_summary_counts_overlaps_once():
     assert k["top"] == [dict(name="a", count=1.0, us=1.5), dict(name="b", count=0.5, us=1.0)]
 
 
+def test_kernel_timeline_finds_gaps_between_merged_kernels():
+    kernels = [dict(ts=0.0, dur=10.0), dict(ts=5.0, dur=20.0), dict(ts=40.0, dur=5.0),
+               dict(ts=46.0, dur=4.0), dict(ts=100.0, dur=1.0)]
+    t = bench_util.kernel_timeline(kernels, gap_us=2.0)
+    assert t == dict(busy_ms=pytest.approx(0.035), span_ms=pytest.approx(0.101), gaps=2,
+                     gap_ms=pytest.approx(0.065), largest_gap_ms=pytest.approx(0.050))
+
+
+def test_decode_timeline_points_are_checked():
+    from experiments import decode_timeline
+    assert decode_timeline.parse_point("ddtree:64:16:4") == ("ddtree", 64, 16, 4)
+    for bad in ("ddtree:64:16", "beam:4:1:1", "ddtree:0:1:1", "ar:0:1:0", "ar:x:1:1"):
+        with pytest.raises(ValueError, match="--points"):
+            decode_timeline.parse_point(bad)
+
+
 def test_device_kernels_reads_only_device_streams(tmp_path):
     events = [
         dict(ph="M", name="process_name", pid=1, args=dict(name="/host:CPU")),
