@@ -382,7 +382,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         jax.block_until_ready(state)
         t0 = time.perf_counter()
         state = decode(step, tparams, dparams, state, -(-su.max_steps // steps_per_call),
-                       max_lag=max(1, 3 // steps_per_call), steps_per_call=steps_per_call)
+                       max_lag=max(1, 3 // steps_per_call), steps_per_call=steps_per_call,
+                       pace=steps_per_call > 1)
         state.out_len.block_until_ready()
         times.append(time.perf_counter() - t0)
     decode_s = float(np.median(times))
@@ -418,7 +419,9 @@ def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: 
     dispatches another call only while `steps_to_finish` predicts more steps than those already
     in flight, and otherwise waits for the next counts (ar's prediction is exact; a speculative
     one that proves short costs the device one host round trip). pace=False: dispatch up to
-    `max_lag` calls ahead to the end, as for an unknown finish.
+    `max_lag` calls ahead to the end, as for an unknown finish; `generate` paces only with several
+    steps per call: with one, the host's dispatch already sets the pace and the prediction's own
+    host time showed (H200: 9-15% slower decodes at k=1, BENCHMARKS.md).
     """
     left0 = np.where(np.asarray(state.done), 0, np.asarray(state.max_new) - np.asarray(state.out_len))
     if not left0.any():

@@ -47,10 +47,11 @@ def test_summary_and_plot(tmp_path):
     sweep_io.plot_sweep(recs, str(png), 0.0)
     assert png.stat().st_size > 1000
     served = sweep_io.summary_table(recs[:2] + [dict(_rec(4), requests=8, request_p50_s=0.25,
-                                                     request_tokens_per_second=12.5)])
+                                                     request_tokens_per_second=12.5, device_steps=4)])
     lines = served.splitlines()
     assert lines[0].endswith("| requests | request p50 s | request tok/s |")
-    assert lines[-1].endswith("| 3 | 8 | 0.250 | 12.5 |") and lines[2].endswith("| 3 |  |  |  |")
+    assert lines[-1].endswith("| 3 | 4 | 8 | 0.250 | 12.5 |")
+    assert lines[2].endswith("| 3 |  |  |  |  |")
     assert all(line.count("|") == lines[0].count("|") for line in lines)
 
 
