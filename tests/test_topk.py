@@ -44,9 +44,11 @@ def test_topk_matches_golden(impl, R, V, k, kind):
 
 @pytest.mark.parametrize("impl", runnable_impls("topk"))
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_half_precision_input_is_read_exactly(impl, dtype):
-    """bf16/f16 x: values and order are those of x's own values (exact in float32), lse too."""
-    x = jnp.asarray(_draw(np.random.default_rng(5), "normal", 3, 37), dtype)
+@pytest.mark.parametrize("kind", ["normal", "ints", "zeros"])
+def test_half_precision_input_is_read_exactly(impl, dtype, kind):
+    """bf16/f16 x: values and order are those of x's own values (exact in float32), lse too;
+    "ints" ties at the k-th value, "zeros" mixes -0.0, 0.0 and -inf."""
+    x = jnp.asarray(_draw(np.random.default_rng(5), kind, 3, 37), dtype)
     x32 = np.asarray(x.astype(jnp.float32))
     values, indices, lse = topk_op.topk_logsumexp(x, 5, impl=impl)
     want_v, want_i = topk_ref(x32, 5)
@@ -66,6 +68,27 @@ def test_pallas_topk_property(shape, kind, seed):
     want_v, want_i = topk_ref(x, k)
     np.testing.assert_array_equal(np.asarray(indices), want_i)
     np.testing.assert_array_equal(np.asarray(values), want_v)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_shifted_keys_keep_order_and_distinctness(dtype):
+    """keys(x widened to float32, key_shift(dtype)) compare exactly as the unshifted keys do
+    (which order like the values, -0.0 == 0.0): over both signs, subnormals, extremes,
+    infinities and ties."""
+    from pallas_kernels.topk.pallas_triton import key_shift, keys
+
+    info = jnp.finfo(dtype)
+    rng = np.random.default_rng(11)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, float(info.max), -float(info.max),
+                        float(info.tiny), -float(info.tiny), float(info.smallest_subnormal),
+                        -float(info.smallest_subnormal), 1.0, -1.0])
+    x = jnp.asarray(np.concatenate([special, rng.normal(size=500) * 10,
+                                    rng.integers(-3, 3, size=200)]), dtype).astype(jnp.float32)
+    cmp = lambda a: (a[:, None] > a[None, :]).astype(int) - (a[:, None] < a[None, :])  # noqa: E731
+    full = np.asarray(keys(x))
+    assert np.array_equal(cmp(np.asarray(keys(x, key_shift(dtype)))), cmp(full))
+    normal = np.abs(np.asarray(x)) >= float(info.tiny)     # the CPU flushes subnormals in compares
+    assert np.array_equal(cmp(full[normal]), cmp(np.asarray(x)[normal]))
 
 
 @pytest.mark.parametrize("k", [0, 9, 2.0, None])

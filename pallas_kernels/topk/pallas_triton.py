@@ -2,8 +2,9 @@
 
 Row x [V] is viewed as M = ceil(V/G) groups of G consecutive entries (G a power of two <= 16 with
 M >= 2k where V allows). Three kernels:
-  1. group max (grid R x M/blk): gm [R, M] = per-group max, plus per-block (max, sum exp) partials
-                                 for the row logsumexp. The only full pass over x.
+  1. group max (grid R x M/blk): gm [R, M] = per-group max (in x's dtype: exact, and half the
+                                 bytes for bf16), plus per-block (max, sum exp) partials for the
+                                 row logsumexp. The only full pass over x.
   2. select    (grid R):         one program per row, two steps with a barrier between them:
      groups:   a superset of the k groups first in (gm desc, group asc) order, at most
                group_cap*kp of them (kp = k rounded up to a power of two). Those k groups hold the
@@ -48,10 +49,21 @@ def group_size(V: int, k: int) -> int:
     return g
 
 
-def keys(v):
-    """float32 -> int32 keys whose signed order is the float order, with -0.0 == 0.0."""
+def keys(v, shift: int = 0):
+    """float32 -> int32 keys whose signed order is the float order, with -0.0 == 0.0.
+
+    shift: low bits that are the same for every key of one sign (16 for float32 values widened
+    from bf16, 13 from f16) are dropped, so a bisection over the keys spans 2**(32 - shift)
+    values: with the many ties of low-precision logits it otherwise runs to full int32 width
+    before the tie cut. Distinct values keep distinct keys and their order."""
     bits = jax.lax.bitcast_convert_type(v, jnp.int32)
-    return jnp.where(v == 0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+    key = jnp.where(v == 0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+    return key >> shift if shift else key
+
+
+def key_shift(dtype) -> int:
+    """Low key bits that are constant for float32 values widened from `dtype` (see `keys`)."""
+    return {jnp.dtype(jnp.bfloat16): 16, jnp.dtype(jnp.float16): 13}.get(jnp.dtype(dtype), 0)
 
 
 def _count(mask):
@@ -127,7 +139,7 @@ def _group_max_kernel(x_ref, gm_ref, *lse_refs, num_groups: int, block: int):
     x = plgpu.load(x_ref.at[r, pl.ds(c * block, block), :], mask=ok[:, None],
                    other=-jnp.inf).astype(jnp.float32)
     gm = jnp.max(x, axis=1)
-    plgpu.store(gm_ref.at[r, pl.ds(c * block, block)], gm)
+    plgpu.store(gm_ref.at[r, pl.ds(c * block, block)], gm.astype(gm_ref.dtype))
     if not lse_refs:
         return
     pm_ref, ps_ref = lse_refs
@@ -138,7 +150,7 @@ def _group_max_kernel(x_ref, gm_ref, *lse_refs, num_groups: int, block: int):
 
 
 def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: int, k: int,
-                   interpret: bool):
+                   shift: int, interpret: bool):
     if num_blocks:
         pm_ref, ps_ref, cv_ref, ci_ref, ne_ref, lse_ref, gsel_ref = refs
     else:
@@ -155,7 +167,7 @@ def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: in
     # Groups: a prefix of (gm desc, group asc) holding the first k groups, at most capg of them.
     gidx = jnp.arange(pow2_at_least(num_groups))
     gval = gidx < num_groups
-    gkey = keys(plgpu.load(gm_ref.at[r, gidx], mask=gval, other=0.0))
+    gkey = keys(plgpu.load(gm_ref.at[r, gidx], mask=gval, other=0.0).astype(jnp.float32), shift)
     lo, cut, ng = superset(gkey, gval, gidx, k, capg, n_valid=0 * r + num_groups)
     sel = in_superset(gkey, gval, gidx, lo, cut)
     plgpu.store(gsel_ref.at[r, at(exclusive_cumsum(sel), sel)], gidx, mask=sel)
@@ -170,7 +182,7 @@ def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: in
     idx = gid[:, None] * g + jnp.arange(g)[None, :]
     pos = jnp.arange(capg)[:, None] * g + jnp.arange(g)[None, :]
     valid = jnp.broadcast_to(row_ok[:, None], (capg, g))
-    xkey = keys(x)
+    xkey = keys(x, shift)
     lo, cut, ne = superset(xkey, valid, pos, k, ce, lo, n_valid=ng * g)
     sel = in_superset(xkey, valid, pos, lo, cut)
     dst = at(exclusive_cumsum(sel), sel)
@@ -276,7 +288,7 @@ def _topk(x: jax.Array, k: int, with_lse: bool, cfg: SelectConfig = SelectConfig
     nblk = -(-M // blk)
     gm, *partials = pl.pallas_call(
         functools.partial(_group_max_kernel, num_groups=M, block=blk),
-        out_shape=(jax.ShapeDtypeStruct((R, nblk * blk), jnp.float32),)
+        out_shape=(jax.ShapeDtypeStruct((R, nblk * blk), x.dtype),)   # a max of x is exact in x's dtype
         + (jax.ShapeDtypeStruct((R, nblk), jnp.float32),) * (2 if with_lse else 0),
         grid=(R, nblk), interpret=interpret, compiler_params=_params(cfg.chunk_warps),
     )(x3)
@@ -288,7 +300,7 @@ def _topk(x: jax.Array, k: int, with_lse: bool, cfg: SelectConfig = SelectConfig
         ((R, capg), i32)  # candidates, their indices and count, lse; scratch
     cv, ci, ne, *rest = pl.pallas_call(
         functools.partial(_select_kernel, num_groups=M, num_blocks=nblk if with_lse else 0, g=g,
-                          k=k, interpret=interpret),
+                          k=k, shift=key_shift(x.dtype), interpret=interpret),
         out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in outs),
         grid=(R,), interpret=interpret,
         compiler_params=_params(cfg.warps or _warps(max(pow2_at_least(M), capg * g))),
