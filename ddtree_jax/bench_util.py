@@ -65,9 +65,10 @@ def kernel_timeline(kernels: Sequence[dict], gap_us: float) -> dict:
                 gaps=len(gaps), gap_ms=sum(gaps) / 1e3, largest_gap_ms=max(gaps, default=0.0) / 1e3)
 
 
-def device_kernels(trace_dir: str) -> tuple[list[dict], list[str]]:
+def device_kernels(trace_dir: str, with_args: bool = False) -> tuple[list[dict], list[str]]:
     """(kernel events {name, ts, dur} in us on the device streams, every process name) of the
-    newest trace in trace_dir."""
+    newest trace in trace_dir; with_args: each event also carries the trace's args (for a GPU:
+    correlation_id, one per launch, which a CUDA graph's kernels share; hlo_op; ...)."""
     files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
                    key=os.path.getmtime)
     if not files:
@@ -83,9 +84,33 @@ def device_kernels(trace_dir: str) -> tuple[list[dict], list[str]]:
     device = {pid for pid, name in procs.items() if "/device:GPU" in name or "/device:TPU" in name}
     streams = {k for k, name in threads.items() if k[0] in device and name.startswith("Stream")}
     keep = streams or {k for k in threads if k[0] in device}
-    return [dict(name=e.get("name", "?"), ts=float(e["ts"]), dur=float(e.get("dur", 0.0)))
+    return [dict(name=e.get("name", "?"), ts=float(e["ts"]), dur=float(e.get("dur", 0.0)),
+                 **({"args": e.get("args", {})} if with_args else {}))
             for e in events if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in keep], \
         sorted(procs.values())
+
+
+def graph_launches(kernels: list[dict]) -> dict:
+    """Device kernel events {ts, dur, launch} -> medians over the launches of > 20 kernels:
+    kernels, span_us, busy_us, inside_gap_us (idle between its kernels), before_us (idle since
+    the previous launch ended)."""
+    by = collections.defaultdict(list)
+    for k in kernels:
+        by[k["launch"]].append(k)
+    rows, prev_end = [], None
+    for ks in sorted(by.values(), key=lambda ks: min(k["ts"] for k in ks)):
+        spans = sorted((k["ts"], k["ts"] + k["dur"]) for k in ks)
+        start, end = spans[0][0], max(e for _, e in spans)
+        busy = intervals_union(spans)
+        rows.append(dict(kernels=len(ks), span_us=end - start, busy_us=busy,
+                         inside_gap_us=end - start - busy,
+                         before_us=None if prev_end is None else start - prev_end))
+        prev_end = end
+    big = [r for r in rows if r["kernels"] > 20]
+    med = lambda key: float(np.median([r[key] for r in big if r[key] is not None]))  # noqa: E731
+    return dict(launches=len(rows), step_launches=len(big),
+                **({key: med(key) for key in ("kernels", "span_us", "busy_us", "inside_gap_us",
+                                               "before_us")} if len(big) > 1 else {}))
 
 
 def kernel_summary(kernels: Sequence[dict], per: int, top: int = 8) -> dict:

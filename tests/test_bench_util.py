@@ -52,6 +52,25 @@ def test_device_kernels_reads_only_device_streams(tmp_path):
     kernels, procs = bench_util.device_kernels(str(tmp_path))
     assert kernels == [dict(name="fusion_1", ts=5.0, dur=2.5)]
     assert procs == ["/device:GPU:0", "/host:CPU"]
+    kernels, _ = bench_util.device_kernels(str(tmp_path), with_args=True)
+    assert kernels == [dict(name="fusion_1", ts=5.0, dur=2.5, args={})]
+
+
+def test_host_loop_probe_points_and_graph_launches():
+    from experiments import host_loop_probe as probe
+    assert probe.parse_point("ddtree:64:24:4/8") == ("ddtree", 64, 24, [4, 8])
+    for bad in ("ddtree:64:24", "beam:4:8:1", "ar:0:0:1", "ar:0:8:0", "ar:0:8:", "ar:0:8:2/x"):
+        with pytest.raises(ValueError, match="--points"):
+            probe.parse_point(bad)
+    # Three launches of 21+ kernels (1 us each, 0.5 us apart), 10 us apart, and one small launch.
+    kernels = [dict(ts=100.0 * g + 1.5 * i, dur=1.0, launch=g) for g in range(3) for i in range(22)]
+    kernels.append(dict(ts=400.0, dur=2.0, launch=9))
+    got = bench_util.graph_launches(kernels)
+    assert got["launches"] == 4 and got["step_launches"] == 3 and got["kernels"] == 22
+    assert got["span_us"] == pytest.approx(1.5 * 21 + 1.0)
+    assert got["busy_us"] == pytest.approx(22.0)
+    assert got["inside_gap_us"] == pytest.approx(0.5 * 21)
+    assert got["before_us"] == pytest.approx(100.0 - 32.5)
 
 
 def test_traced_device_time_is_none_without_a_device():
