@@ -2,6 +2,8 @@
 
   PYTHONPATH=. python experiments/decode_timeline.py --points=ar:0:1:8,ddtree:64:1:4 \
       --reps=15 --out=$OUT/decode_timeline.json
+  PYTHONPATH=. python experiments/decode_timeline.py --points=ar:0:1:8,ddtree:64:1:4 \
+      --batches=20 --reps=5 --out=$OUT/every_prompt.json           # each held-out prompt alone
   PYTHONPATH=. python experiments/decode_timeline.py --dtype=float32 --points=ddtree:8:1:2 \
       --max_new_tokens=16 --reps=2                                                      # CPU
 
@@ -10,7 +12,9 @@ Per point (method:budget:streams:steps_per_call) on the shipped pair and the hel
 with the paced host loop (engine.decode, the default) and as many without pacing (dispatching
 `max_lag` calls ahead to the end), interleaved so both see the same machine state; median wall ms,
 the steps the device ran, and the median host time to dispatch one call (the step's launches: when
-it exceeds the device time of a call, the host sets the pace). Then one traced decode per loop
+it exceeds the device time of a call, the host sets the pace). With `--batches` > 1 each point
+decodes that many batches of consecutive held-out prompts (one compiled step for all; e.g. every
+prompt at 1 stream with --batches=20): tokens, steps and the batches' median walls are summed. Then one traced decode per loop
 (the profiler slows the host, so its gaps are an upper bound): device-busy ms (union of kernel
 intervals), the device span (first kernel start to last kernel end), idle gaps inside it longer
 than `--gap_us`, and traced wall - span (the host's lead before the first kernel plus its tail
@@ -38,6 +42,8 @@ _PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "target/, drafter/, heldo
 _POINTS = flags.DEFINE_list("points", ["ar:0:1:8", "ddtree:64:1:4"],
                             "method:budget:streams:steps_per_call")
 _NEW = flags.DEFINE_integer("max_new_tokens", 128, "tokens per stream")
+_BATCHES = flags.DEFINE_integer("batches", 1, "prompt batches per point (streams consecutive "
+                                "held-out prompts each, cycling); times and tokens are summed")
 _REPS = flags.DEFINE_integer("reps", 15, "timed decodes per host loop")
 _GAP = flags.DEFINE_float("gap_us", 20.0, "idle intervals longer than this count as gaps")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
@@ -57,15 +63,26 @@ def parse_point(text: str) -> tuple[str, int, int, int]:
     return method, budget, streams, k
 
 
+def prompt_batches(prompts, streams: int, batches: int) -> list[list]:
+    """`batches` batches of `streams` consecutive held-out prompts (cycling), as the sweep takes."""
+    return [[prompts[(b * streams + i) % len(prompts)] for i in range(streams)]
+            for b in range(batches)]
+
+
 def run_point(target, drafter, prompts, method: str, budget: int, streams: int, k: int) -> dict:
-    batch = [prompts[i % len(prompts)] for i in range(streams)]
-    su = engine.setup(target, drafter, batch, method=method, budget=max(budget, 1),
-                      max_new_tokens=_NEW.value)
+    batches = prompt_batches(prompts, streams, _BATCHES.value)
+    # One cache size for every batch, so one compiled step serves them all.
+    sus = [engine.setup(target, drafter, b, method=method, budget=max(budget, 1),
+                        max_new_tokens=_NEW.value) for b in batches]
+    max_len = max(su.max_len for su in sus)
+    sus = [engine.setup(target, drafter, b, method=method, budget=max(budget, 1),
+                        max_new_tokens=_NEW.value, max_len=max_len) for b in batches]
+    su = sus[0]
     tparams, dparams = target[1], drafter[1] if su.plan.dcfg is not None else None
-    prefilled = engine.prefill(target, drafter, su)
-    step = engine._step.lower(tparams, dparams, prefilled, su.plan, k).compile()
+    prefilled = [engine.prefill(target, drafter, x) for x in sus]
+    step = engine._step.lower(tparams, dparams, prefilled[0], su.plan, k).compile()
     copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
-    jax.block_until_ready(step(tparams, dparams, copy(prefilled)))   # warm-up, as generate does
+    jax.block_until_ready(step(tparams, dparams, copy(prefilled[0])))   # warm-up, as generate does
 
     def timed_step(tp, dp, state):   # engine.decode's call, with the host's time to dispatch it
         t0 = time.perf_counter()
@@ -80,32 +97,38 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
         state.out_len.block_until_ready()
         return time.perf_counter() - t0, state
 
-    walls, dispatches = {True: [], False: []}, {True: [], False: []}
+    walls = {pace: [[] for _ in batches] for pace in (True, False)}
+    dispatches, finals = {True: [], False: []}, {}
     for _ in range(_REPS.value):
-        for pace in (True, False):
-            dispatch = []
-            wall, state = decode(pace, jax.block_until_ready(copy(prefilled)))
-            walls[pace].append(wall)
-            dispatches[pace] += dispatch
-    out_len = np.asarray(state.out_len)
-    tokens = int(out_len.sum() - streams)
-    accept = np.asarray(state.accept)
+        for b, pre in enumerate(prefilled):
+            for pace in (True, False):
+                dispatch = []
+                wall, state = decode(pace, jax.block_until_ready(copy(pre)))
+                walls[pace][b].append(wall)
+                dispatches[pace] += dispatch
+                finals[(pace, b)] = state
+    out_len = [np.asarray(finals[(True, b)].out_len) for b in range(len(batches))]
+    accept = [np.asarray(finals[(True, b)].accept) for b in range(len(batches))]
+    tokens = int(sum(o.sum() - streams for o in out_len))
+    flat = np.concatenate([a[a > 0] for a in accept])
     rec = dict(method=method, budget=budget if method == "ddtree" else None, streams=streams,
-               steps_per_call=k, tokens=tokens, steps=int(np.any(accept > 0, axis=0).sum()),
-               tau=float(accept[accept > 0].mean()))
+               steps_per_call=k, batches=len(batches), tokens=tokens,
+               steps=int(sum(np.any(a > 0, axis=0).sum() for a in accept)),
+               tau=float(flat.mean()))
     for pace in (True, False):
         name = "paced" if pace else "unpaced"
-        wall = float(np.median(walls[pace]))
-        fresh = jax.block_until_ready(copy(prefilled))
+        wall = float(sum(np.median(w) for w in walls[pace]))   # the batches' medians, summed
+        device_steps = sum(int(finals[(pace, b)].step) for b in range(len(batches)))
+        fresh = jax.block_until_ready(copy(prefilled[0]))
         with tempfile.TemporaryDirectory() as d:
             with jax.profiler.trace(d):
                 traced_wall, state = decode(pace, fresh)
             kernels, _ = bench_util.device_kernels(d)
         rec[name] = dict(wall_ms=wall * 1e3, tokens_per_second=tokens / wall,
-                         device_steps=int(state.step), calls=int(state.step) // k,
+                         device_steps=device_steps, calls=device_steps // k,
                          dispatch_ms=float(np.median(dispatches[pace])) * 1e3,
                          traced_wall_ms=traced_wall * 1e3)
-        if kernels:
+        if kernels:   # the first batch's decode
             t = bench_util.kernel_timeline(kernels, _GAP.value)
             rec[name].update(t, host_ms=traced_wall * 1e3 - t["span_ms"])
     return rec
@@ -114,6 +137,8 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
 def main(argv):
     del argv
     points = [parse_point(p) for p in _POINTS.value]
+    if _BATCHES.value < 1:
+        raise ValueError(f"--batches must be >= 1, got {_BATCHES.value}")
     dtype = jnp.dtype(_DTYPE.value)
     target = dj.load_target(os.path.join(_PAIR.value, "target"), dtype=dtype)
     drafter = dj.load_drafter(os.path.join(_PAIR.value, "drafter"), dtype=dtype)
@@ -128,7 +153,8 @@ def main(argv):
                            date=time.strftime("%Y-%m-%d"), points=recs), f, indent=1)
     cols = ["wall_ms", "tokens_per_second", "device_steps", "dispatch_ms", "busy_ms", "span_ms",
             "gaps", "gap_ms", "host_ms"]
-    rows = [dict(point=f"{r['method']}@{r['budget'] or ''} S={r['streams']} k={r['steps_per_call']}",
+    rows = [dict(point=f"{r['method']}@{r['budget'] or ''} S={r['streams']} k={r['steps_per_call']}"
+                       + (f" x{r['batches']} batches" if r["batches"] > 1 else ""),
                  loop=name, tau=r["tau"], **{c: r[name].get(c) for c in cols})
             for r in recs for name in ("paced", "unpaced")]
     print(bench_util.markdown_table(rows, ["point", "loop", "tau"] + cols))

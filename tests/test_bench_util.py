@@ -33,6 +33,9 @@ def test_decode_timeline_points_are_checked():
     for bad in ("ddtree:64:16", "beam:4:1:1", "ddtree:0:1:1", "ar:0:1:0", "ar:x:1:1"):
         with pytest.raises(ValueError, match="--points"):
             decode_timeline.parse_point(bad)
+    prompts = [[1], [2], [3]]
+    assert decode_timeline.prompt_batches(prompts, 1, 3) == [[[1]], [[2]], [[3]]]
+    assert decode_timeline.prompt_batches(prompts, 2, 2) == [[[1], [2]], [[3], [1]]]
 
 
 def test_device_kernels_reads_only_device_streams(tmp_path):
