@@ -196,16 +196,18 @@ def _rank_kernel(cv_ref, ci_ref, ne_ref, v_ref, i_ref, *, k: int, rows: int, col
     column tiles [rows, cols] (one tile when cols covers the list); those ranked < k land at
     their rank."""
     r, b = pl.program_id(0), pl.program_id(1)
+    # Every load below is in bounds of the [R, ce] buffers, so none waits for ne: entries past it
+    # (unwritten by the select kernel) are read and masked out of the comparisons and stores.
     ne = plgpu.load(ne_ref.at[pl.ds(r, 1)])[0]
     e = b * rows + jnp.arange(rows)
     ok = e < ne
-    v = plgpu.load(cv_ref.at[r, e], mask=ok, other=0.0)
-    i = plgpu.load(ci_ref.at[r, e], mask=ok, other=0)
+    v = plgpu.load(cv_ref.at[r, e])
+    i = plgpu.load(ci_ref.at[r, e])
 
     def count(t, rank):
         f = t * cols + jnp.arange(cols)
         f_ok = f < ne
-        fv = plgpu.load(cv_ref.at[r, f], mask=f_ok, other=0.0)
+        fv = plgpu.load(cv_ref.at[r, f])
         before = jnp.where(f[None, :] < e[:, None], fv[None, :] >= v[:, None],
                            fv[None, :] > v[:, None])
         return rank + jnp.sum(jnp.where(before & f_ok[None, :], 1, 0), axis=1)

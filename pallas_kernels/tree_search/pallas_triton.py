@@ -17,7 +17,8 @@ Outputs: R's scores and ids (depth * Bc + slot), each list's child ranks and par
 node_of [S, L, Bc] (node index of each listed prefix that is in the tree).
 
 assemble (grid S x row blocks): per node row, token, depth, score, the ancestor chain through the
-parent slots (parents, node_mask bits), then visibility from the row's own node_mask words.
+parent slots (parents, node_mask bits; as many steps as the block's deepest node), then
+visibility from the row's own node_mask words.
 """
 
 from __future__ import annotations
@@ -206,17 +207,19 @@ def _assemble_kernel(osc_ref, oid_ref, lrank_ref, lpar_ref, node_ref, ktok_ref, 
 
     # The root's bit in every tree row (and the root's own); a padding row sees only itself.
     words = bit(jnp.where(valid | (i == 0), 0, i), i_ok)
-    parent = jnp.where(valid, 0, -1)
-    alive = valid
-    for step in range(L):  # up the chain: self, parent, ..., the depth-1 ancestor
+
+    def up(c):  # one step up every row's chain: self, parent, ..., the depth-1 ancestor
+        step, d, slot, alive, words, parent = c
         node = plgpu.load(node_ref.at[s, d, slot], mask=alive, other=0)
         words = words + bit(node, alive)  # distinct bits: + is |
-        if step == 1:
-            parent = jnp.where(alive, node, parent)
-        if step < L - 1:
-            slot = plgpu.load(lpar_ref.at[s, d, slot], mask=alive, other=0)
-            d = d - 1
-            alive = alive & (d >= 0)
+        parent = jnp.where(alive & (step == 1), node, parent)
+        slot = plgpu.load(lpar_ref.at[s, d, slot], mask=alive, other=0)
+        return step + 1, d - 1, slot, alive & (d >= 1), words, parent
+
+    # Stops when every row of the block has reached depth 1: the tree's depth, not L, round trips.
+    start = (jnp.int32(0), d, slot, valid, words, jnp.where(valid, 0, -1))
+    *_, words, parent = jax.lax.while_loop(lambda c: jnp.max(c[3].astype(jnp.int32)) > 0, up,
+                                           start)
     row = at(i, i_ok)
     plgpu.store(par_ref.at[s, row], parent, mask=i_ok)
     w_ok = i_ok[:, None] & (w < W)[None, :]
