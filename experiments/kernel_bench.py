@@ -44,6 +44,9 @@ flags.DEFINE_integer("inter", 2048, "I")
 flags.DEFINE_integer("topk", 8, "k")
 flags.DEFINE_bool("sweep", True, "time the pallas_triton config sweep (else the tuned table only)")
 flags.DEFINE_float("min_time_s", 0.15, "time budget per measurement")
+flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "
+                    "config of each T, ';' between sets, ',' between field=value (MoEConfig fields, "
+                    "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the built-in sets")
 flags.DEFINE_bool("trace", False, "also profile each timed implementation: device-busy time per "
                   "call and its kernels (GPU; separates device work from host dispatch)")
 
@@ -102,12 +105,40 @@ def _routings(key, t, e, k, n):
     return ids, (w / w.sum(-1, keepdims=True) * 2.827).astype(jnp.float32), fixed
 
 
-def _variant_cfgs(t: int) -> list:
+def parse_variants(text: str) -> list[dict]:
+    """'f=v,f=v;f=v' -> [{field: value}] of MoEConfig fields, values typed like the field's default.
+    Raises ValueError naming the unknown field or the value that does not parse."""
+    from pallas_kernels.moe.tuning import MoEConfig
+    sets = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        opts = {}
+        for item in filter(None, (i.strip() for i in part.split(","))):
+            name, sep, value = item.partition("=")
+            if not sep or name not in MoEConfig._fields:
+                raise ValueError(f"--variants: {item!r} is not field=value of a MoEConfig field "
+                                 f"({', '.join(MoEConfig._fields)})")
+            kind = type(MoEConfig._field_defaults[name])
+            if kind is bool:
+                if value not in ("true", "false", "True", "False", "1", "0"):
+                    raise ValueError(f"--variants: {name} needs true or false, got {value!r}")
+                opts[name] = value in ("true", "True", "1")
+            else:
+                try:
+                    opts[name] = kind(value)
+                except ValueError:
+                    raise ValueError(f"--variants: {name} needs a {kind.__name__}, got {value!r}") from None
+        sets.append(opts)
+    return sets
+
+
+def _variant_cfgs(t: int, sets: list[dict] | None = None) -> list:
     """Experimental options on top of the tuned config for T (the plain tuned config is timed as
-    pallas_triton with --sweep=false): split-K where few programs run, the rest where the INT4 loop
-    is the limit."""
+    pallas_triton with --sweep=false): `sets` when given, else split-K where few programs run, the
+    rest where the INT4 loop is the limit."""
     from pallas_kernels.moe import tuning
     base = tuning.config(t)
+    if sets:
+        return [base._replace(**o) for o in sets]
     if t <= 4:
         opts = [dict(split_k=4), dict(split_k=8), dict(split_k=4, scale_weights=True),
                 dict(split_k=4, swap_ab=True, scale_weights=True),
@@ -122,7 +153,8 @@ def _variant_cfgs(t: int) -> list:
 
 def _cfg_name(c) -> str:
     """pallas_triton(bm, bn_up, bn_down, warps, stages, dequant[, options that are on])."""
-    on = [f"{f}={getattr(c, f)}" for f in ("scale_weights", "swap_ab", "split_k")
+    on = [f"{f}={getattr(c, f)}" for f in ("scale_weights", "swap_ab", "split_k", "down_warps",
+                                           "down_stages")
           if getattr(c, f) != type(c)._field_defaults[f]]
     return f"pallas_triton{tuple(c)[:6] + tuple(on)}"
 
@@ -247,7 +279,7 @@ def bench_moe() -> dict:
                          for c in cfgs]
             elif impl == "variants":
                 cands = [(_cfg_name(c), lambda x, a, b, ex, c=c: moe_experts_pallas(x, a, b, ex, cfg=c))
-                         for c in _variant_cfgs(t)]
+                         for c in _variant_cfgs(t, parse_variants(FLAGS.variants))]
             elif impl == "triton":
                 cands = [("triton", lambda x, a, b, ex: moe_experts_triton(x, a, b, ex, cfg=tuning.config(t)))]
             elif impl == "xla":

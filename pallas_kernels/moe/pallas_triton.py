@@ -150,14 +150,16 @@ def _down_kernel(row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k, int4
         y_ref[idx if split is None else (split[0], *idx)] = y * w[:, None]
 
 
-def _call(kernel, grid, out_shape, args, cfg, out):
-    """pallas_call; writes into `out` (buffers of out_shape, e.g. NaN-poisoned) when given."""
+def _call(kernel, grid, out_shape, args, cfg, out, warps=0, stages=0):
+    """pallas_call; writes into `out` (buffers of out_shape, e.g. NaN-poisoned) when given.
+    warps, stages: 0 takes cfg.num_warps, cfg.num_stages."""
     outs = () if out is None else tuple(out) if isinstance(out, (tuple, list)) else (out,)
     return pl.pallas_call(
         functools.partial(kernel, aliased=bool(outs)), out_shape=out_shape,
         grid=grid + ((cfg.split_k,) if cfg.split_k > 1 else ()),
         input_output_aliases={len(args) + i: i for i in range(len(outs))},
-        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=warps or cfg.num_warps,
+                                             num_stages=stages or cfg.num_stages),
         interpret=interpret_mode(),
     )(*args, *outs)
 
@@ -204,7 +206,8 @@ def down(h, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
     args = [row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
     split = (cfg.split_k,) if cfg.split_k > 1 else ()
     shape = jax.ShapeDtypeStruct((*split, h.shape[0], dm.hidden), jnp.float32)
-    y = _call(kernel, (block_expert.shape[0], dm.hidden // bn), shape, args, cfg, out)
+    y = _call(kernel, (block_expert.shape[0], dm.hidden // bn), shape, args, cfg, out,
+              cfg.down_warps, cfg.down_stages)
     return y.sum(0) if split else y
 
 

@@ -47,21 +47,25 @@ def moe_experts_triton(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
     r, row_token, row_weight = routed_rows(topk_ids, topk_weights, dm.num_experts, cfg.bm)
     rows, nb = r.row_slot.shape[0], r.block_expert.shape[0]
     asm = cfg.dequant == "asm" and x.dtype == jnp.bfloat16
-    common = dict(BM=cfg.bm, INT4=dm.int4, ASM=asm, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
+    common = dict(BM=cfg.bm, INT4=dm.int4, ASM=asm)
+    tune_up = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    tune_down = dict(num_warps=cfg.down_warps or cfg.num_warps,
+                     num_stages=cfg.down_stages or cfg.num_stages)
     bn = _col_block(dm.intermediate, cfg.bn_up)
     kw_up = int4.padded_k(dm.hidden) // 8 if dm.int4 else dm.hidden
     h = jt.triton_call(
         row_token, r.block_expert, x, *_weights(experts, "gate", dm.int4),
         *_weights(experts, "up", dm.int4), kernel=gate_up_k,
         out_shape=jax.ShapeDtypeStruct((rows, dm.intermediate), x.dtype),
-        grid=(nb, dm.intermediate // bn), D=dm.hidden, N=dm.intermediate, KW=kw_up, BN=bn, **common)
+        grid=(nb, dm.intermediate // bn), D=dm.hidden, N=dm.intermediate, KW=kw_up, BN=bn, **common,
+        **tune_up)
     bn = _col_block(dm.hidden, cfg.bn_down)
     kw_down = int4.padded_k(dm.intermediate) // 8 if dm.int4 else dm.intermediate
     y = jt.triton_call(
         row_weight, r.block_expert, h, *_weights(experts, "down", dm.int4), kernel=down_k,
         out_shape=jax.ShapeDtypeStruct((rows, dm.hidden), jnp.float32),
-        grid=(nb, dm.hidden // bn), I=dm.intermediate, N=dm.hidden, KW=kw_down, BN=bn, **common)
+        grid=(nb, dm.hidden // bn), I=dm.intermediate, N=dm.hidden, KW=kw_down, BN=bn, **common,
+        **tune_down)
     return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
 
 

@@ -7,6 +7,8 @@ kernels (the "triton" kernels ignore them): scale_weights (group scale applied t
 weights, one accumulator instead of a rescale per 32-row plane: on up to T = 256, where the
 H200 measured 1.24-1.63x), swap_ab (weight tile on the MMA's M side: measured slower), split_k (K
 split over this many programs, float32 partial sums reduced in XLA: measured slower at T = 1).
+down_warps / down_stages: the down kernel's own warps and pipeline stages (0: num_warps /
+num_stages); its K (= I = 2048) is 8 K blocks, a shorter loop than gate_up's 28.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class MoEConfig(NamedTuple):
     scale_weights: bool = False
     swap_ab: bool = False
     split_k: int = 1
+    down_warps: int = 0
+    down_stages: int = 0
 
 
 # (max_tokens, config); the last entry covers every larger T. From the H200 sweep of 2026-11-30
@@ -33,11 +37,14 @@ class MoEConfig(NamedTuple):
 # experiments/results/moe_variants_h200.md): 1594 -> 1282, 3963 -> 3010, 5505 -> 4210 us.
 # T = 1 and 4 re-picked in session 4 with the fixed harness (the earlier sweep there was host-bound;
 # experiments/results/moe_small_h200.md): asm + scale_weights, 180.5 -> 126.5 and 531.2 -> 325.6 us.
+# Session 8 (experiments/results/moe_h200_session8.md): down kernel 256 columns wide at T <= 256
+# (its K is only 8 blocks; wider tiles put more bytes in flight per program): down kernel at
+# T = 256 1555-1654 -> 1129-1162 us, T = 1 41.6 -> 30.0, T = 4 121-144 -> 106.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(bm=16, bn_up=32, bn_down=128, scale_weights=True)),
-    (4, MoEConfig(bm=16, bn_up=64, bn_down=64, scale_weights=True)),
-    (16, MoEConfig(bm=16, bn_up=64, bn_down=64, scale_weights=True)),
-    (256, MoEConfig(bm=16, bn_up=64, bn_down=128, scale_weights=True)),
+    (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
+    (4, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
+    (16, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
+    (256, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
     (1024, MoEConfig(bm=32, bn_up=128, bn_down=128)),
     (1 << 62, MoEConfig(bm=64, bn_up=128, bn_down=128, num_warps=8)),
 )
