@@ -175,8 +175,8 @@ def _parts(t, cfg, e, k):
         return pt.gate_up(x, row_token, r.block_expert, ex, dims(ex), cfg)
 
     def down(h, ids, w, ex):
-        r, _, row_weight = routing(h, ids, w, ex)
-        return pt.down(h, row_weight, r.block_expert, ex, dims(ex), cfg)
+        r, row_token, row_weight = routing(h, ids, w, ex)
+        return pt.down(h, row_token, row_weight, r.block_expert, ex, dims(ex), cfg)
 
     def comb(y, ids, w, ex):
         r, _, _ = routing(y, ids, w, ex)

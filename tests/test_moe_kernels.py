@@ -198,8 +198,8 @@ def test_bad_inputs_raise():
 
 
 def test_pallas_kernels_write_every_used_row():
-    """gate_up and down write into NaN-poisoned buffers: every row of a used block gets written,
-    real rows equal the golden intermediates, unused blocks stay untouched."""
+    """gate_up and down write into NaN-poisoned buffers: every real row gets written and equals
+    the golden intermediates; padding rows and unused blocks stay untouched."""
     from pallas_kernels.moe import pallas_triton as pt
     from pallas_kernels.moe.tuning import MoEConfig
 
@@ -214,12 +214,14 @@ def test_pallas_kernels_write_every_used_row():
     rows = r.row_slot.shape[0]
     h = pt.gate_up(x, row_token, r.block_expert, experts, dm, cfg,
                    out=jnp.full((rows, i), jnp.nan, jnp.bfloat16))
-    y = pt.down(h, row_weight, r.block_expert, experts, dm, cfg,
+    y = pt.down(h, row_token, row_weight, r.block_expert, experts, dm, cfg,
                 out=jnp.full((rows, d), jnp.nan, jnp.float32))
-    used = np.repeat(np.asarray(r.block_expert) >= 0, cfg.bm)
+    real = np.asarray(row_token) >= 0
+    assert real.sum() == t * k and np.array_equal(np.sort(np.asarray(row_token)[real]),
+                                                  np.arange(t * k) // k)
     h, y = np.asarray(h, np.float64), np.asarray(y, np.float64)
-    assert np.all(np.isfinite(h[used])) and np.all(np.isfinite(y[used]))
-    assert np.all(np.isnan(h[~used])) and np.all(np.isnan(y[~used]))
+    assert np.all(np.isfinite(h[real])) and np.all(np.isfinite(y[real]))
+    assert np.all(np.isnan(h[~real])) and np.all(np.isnan(y[~real]))
     slot_row = np.asarray(r.slot_row)
     xf = np.asarray(x.astype(jnp.float32), np.float64)
     flat = ids.reshape(-1)
@@ -271,11 +273,13 @@ def test_pallas_variants_match_golden(variant):
     nan = lambda n, dt: jnp.full((*lead, rows, n), jnp.nan, dt if not lead else jnp.float32)
     h = pt.gate_up(x, row_token, r.block_expert, experts, dm, cfg,
                    out=(nan(i, jnp.bfloat16),) * 2 if lead else nan(i, jnp.bfloat16))
-    y = pt.down(h, row_weight, r.block_expert, experts, dm, cfg, out=nan(d, jnp.float32))
-    used = np.repeat(np.asarray(r.block_expert) >= 0, cfg.bm)
+    y = pt.down(h, row_token, row_weight, r.block_expert, experts, dm, cfg, out=nan(d, jnp.float32))
+    real = np.asarray(row_token) >= 0
+    assert real.sum() == t * k and np.array_equal(np.sort(np.asarray(row_token)[real]),
+                                                  np.arange(t * k) // k)
     h, y = np.asarray(h, np.float64), np.asarray(y, np.float64)
-    assert np.all(np.isfinite(h[used])) and np.all(np.isfinite(y[used]))
-    assert np.all(np.isnan(h[~used])) and np.all(np.isnan(y[~used]))
+    assert np.all(np.isfinite(h[real])) and np.all(np.isfinite(y[real]))
+    assert np.all(np.isnan(h[~real])) and np.all(np.isnan(y[~real]))
     slot_row = np.asarray(r.slot_row)
     xf = np.asarray(x.astype(jnp.float32), np.float64)
     flat = ids.reshape(-1)

@@ -5,6 +5,9 @@ Grid (row block b, column tile n[, K split]); block b's rows all belong to exper
 and dequantised in registers into 8 planes, one K=32 dot each, scaled on the [BM, BN] f32 output.
 1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
 2. down: y[row] = w_row * (h[row] @ Wd), float32.
+Only real rows (row_token >= 0) are loaded and written: at decode sizes most rows of a block are
+padding (T = 64, top-8: 512 real rows of 6,272), whose activation reads and output writes would
+otherwise add to the weight stream.
 The top-k results are then summed per token (xla.combine): deterministic, no atomics.
 """
 
@@ -116,24 +119,30 @@ def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, in
     @pl.when(e >= 0)
     def _():
         tokens = row_token_ref[pl.ds(b * bm, bm)]
+        real = (tokens >= 0)[:, None]
+        tokens = jnp.maximum(tokens, 0)
         ws = [tuple(w_refs[i:i + 2]) for i in (0, 2)] if int4_weights else list(w_refs)
-        g, u = _project(lambda k0, size: x_ref[tokens, pl.ds(k0, size)], ws, e, n * bn, bm, bn, k,
-                        int4_weights=int4_weights, dtype=x_ref.dtype, route=route, cfg=cfg,
-                        split=split)
+        g, u = _project(
+            lambda k0, size: plgpu.load(
+                x_ref.at[tokens[:, None], (k0 + jnp.arange(size))[None, :]], mask=real, other=0),
+            ws, e, n * bn, bm, bn, k, int4_weights=int4_weights, dtype=x_ref.dtype, route=route,
+            cfg=cfg, split=split)
         rows, cols = pl.ds(b * bm, bm), pl.ds(n * bn, bn)
+        mask = jnp.broadcast_to(real, g.shape)
         if split is None:
-            out_refs[0][rows, cols] = _silu_mul(g, u).astype(out_refs[0].dtype)
+            plgpu.store(out_refs[0].at[rows, cols], _silu_mul(g, u).astype(out_refs[0].dtype),
+                        mask=mask)
         else:
-            out_refs[0][split[0], rows, cols] = g
-            out_refs[1][split[0], rows, cols] = u
+            plgpu.store(out_refs[0].at[split[0], rows, cols], g, mask=mask)
+            plgpu.store(out_refs[1].at[split[0], rows, cols], u, mask=mask)
 
 
 def _silu_mul(g, u):
     return g / (1.0 + jnp.exp(-g)) * u
 
 
-def _down_kernel(row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k, int4_weights, route,
-                 cfg, aliased):
+def _down_kernel(row_token_ref, row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k,
+                 int4_weights, route, cfg, aliased):
     w_refs, y_ref = refs[:-2 if aliased else -1], refs[-1]
     b, n = pl.program_id(0), pl.program_id(1)
     split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
@@ -141,13 +150,17 @@ def _down_kernel(row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k, int4
 
     @pl.when(e >= 0)
     def _():
+        real = (row_token_ref[pl.ds(b * bm, bm)] >= 0)[:, None]
         ws = [tuple(w_refs)] if int4_weights else list(w_refs)
-        (y,) = _project(lambda k0, size: h_ref[pl.ds(b * bm, bm), pl.ds(k0, size)], ws, e,
-                        n * bn, bm, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route,
-                        cfg=cfg, split=split)
+        (y,) = _project(
+            lambda k0, size: plgpu.load(h_ref.at[pl.ds(b * bm, bm), pl.ds(k0, size)], mask=real,
+                                        other=0),
+            ws, e, n * bn, bm, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route,
+            cfg=cfg, split=split)
         w = row_weight_ref[pl.ds(b * bm, bm)]
         idx = (pl.ds(b * bm, bm), pl.ds(n * bn, bn))
-        y_ref[idx if split is None else (split[0], *idx)] = y * w[:, None]
+        plgpu.store(y_ref.at[idx if split is None else (split[0], *idx)], y * w[:, None],
+                    mask=jnp.broadcast_to(real, y.shape))
 
 
 def _call(kernel, grid, out_shape, args, cfg, out, warps=0, stages=0):
@@ -175,7 +188,8 @@ def _route(cfg, dtype) -> str:
 
 
 def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None):
-    """h [R, I] x.dtype: SiLU(x[row_token] @ Wg[e]) * (x[row_token] @ Wu[e]) for every used block.
+    """h [R, I] x.dtype: SiLU(x[row_token] @ Wg[e]) * (x[row_token] @ Wu[e]) for every real row
+    (row_token >= 0); padding rows are not written.
 
     cfg.split_k > 1: the kernel writes float32 gate and up partial sums [split_k, R, I] (`out`: a
     pair of such buffers) and XLA reduces them and applies the epilogue.
@@ -195,15 +209,16 @@ def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None):
     return _silu_mul(g.sum(0), u.sum(0)).astype(x.dtype)
 
 
-def down(h, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
-    """y [R, d] float32: row_weight[row] * (h[row] @ Wd[e]) for every used block.
+def down(h, row_token, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
+    """y [R, d] float32: row_weight[row] * (h[row] @ Wd[e]) for every real row (row_token >= 0);
+    padding rows are neither read from h nor written.
 
     cfg.split_k > 1: the kernel writes partial sums [split_k, R, d] (`out`: such a buffer), summed here.
     """
     bn = _col_block(dm.hidden, cfg.bn_down)
     kernel = functools.partial(_down_kernel, bm=cfg.bm, bn=bn, k=dm.intermediate,
                                int4_weights=dm.int4, route=_route(cfg, h.dtype), cfg=cfg)
-    args = [row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
+    args = [row_token, row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
     split = (cfg.split_k,) if cfg.split_k > 1 else ()
     shape = jax.ShapeDtypeStruct((*split, h.shape[0], dm.hidden), jnp.float32)
     y = _call(kernel, (block_expert.shape[0], dm.hidden // bn), shape, args, cfg, out,
@@ -212,10 +227,11 @@ def down(h, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
 
 
 def routed_rows(topk_ids, topk_weights, num_experts: int, bm: int):
-    """Align the routing: (routing, row_token [R], row_weight [R] float32)."""
+    """Align the routing: (routing, row_token [R] int32 (-1: a padding row), row_weight [R]
+    float32 (0 on padding rows))."""
     t, k = topk_ids.shape
     r = align_routing(topk_ids, num_experts, bm)
-    row_token = jnp.minimum(r.row_slot // k, t - 1)
+    row_token = jnp.where(r.row_slot < t * k, r.row_slot // k, -1)
     w_slot = jnp.concatenate([topk_weights.reshape(-1).astype(jnp.float32), jnp.zeros((1,))])
     return r, row_token, w_slot[r.row_slot]
 
@@ -227,7 +243,7 @@ def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
     cfg = cfg or tuning.config(x.shape[0])
     r, row_token, row_weight = routed_rows(topk_ids, topk_weights, dm.num_experts, cfg.bm)
     h = gate_up(x, row_token, r.block_expert, experts, dm, cfg)
-    y = down(h, row_weight, r.block_expert, experts, dm, cfg)
+    y = down(h, row_token, row_weight, r.block_expert, experts, dm, cfg)
     return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
 
 

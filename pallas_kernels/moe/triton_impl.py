@@ -54,7 +54,7 @@ def moe_experts_triton(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
     bn = _col_block(dm.intermediate, cfg.bn_up)
     kw_up = int4.padded_k(dm.hidden) // 8 if dm.int4 else dm.hidden
     h = jt.triton_call(
-        row_token, r.block_expert, x, *_weights(experts, "gate", dm.int4),
+        jnp.maximum(row_token, 0), r.block_expert, x, *_weights(experts, "gate", dm.int4),
         *_weights(experts, "up", dm.int4), kernel=gate_up_k,
         out_shape=jax.ShapeDtypeStruct((rows, dm.intermediate), x.dtype),
         grid=(nb, dm.intermediate // bn), D=dm.hidden, N=dm.intermediate, KW=kw_up, BN=bn, **common,
