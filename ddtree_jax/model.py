@@ -236,13 +236,14 @@ class MLA(nn.Module):
         w_kv_b = Linear(lora, h * (nope + vdim), pd, name="kv_b_proj").weight().reshape(lora, h, nope + vdim)
         w_uk, w_uv = w_kv_b[..., :nope].astype(x.dtype), w_kv_b[..., nope:].astype(x.dtype)
         vis = effective_visibility(visibility, num_new)
-        if mode == "absorbed":
-            q_lat = jnp.einsum("sthn,lhn->sthl", q_nope, w_uk)
+        if mode == "absorbed":  # heads first: the per-head matmuls' own layout, no [t, h] transposes
+            q_lat = jnp.einsum("sthn,lhn->shtl", q_nope, w_uk)
+            q_abs = jnp.concatenate([q_lat, q_pe.swapaxes(1, 2)], axis=-1)
             attend = functools.partial(registry.get("mla_attention", attn_impl),
-                                       scale=cfg.softmax_scale, v_dim=lora)
-            o_lat = sharding.attention(attend, jnp.concatenate([q_lat, q_pe], axis=-1), kv, lengths,
-                                       mla_kernels.visibility_to_mask(vis))
-            o = jnp.einsum("sthl,lhv->sthv", o_lat.astype(x.dtype), w_uv)
+                                       scale=cfg.softmax_scale, v_dim=lora, heads_first=True)
+            o_lat = sharding.attention(attend, q_abs, kv, lengths,
+                                       mla_kernels.visibility_to_mask(vis), heads_first=True)
+            o = jnp.einsum("shtl,lhv->sthv", o_lat.astype(x.dtype), w_uv)
         elif mode == "naive":
             o = _naive_attention(q_nope, q_pe, kv.astype(x.dtype), lengths, vis, w_uk, w_uv, cfg)
         else:

@@ -209,11 +209,13 @@ def vocab_embed(table, tokens):
         table, tokens)
 
 
-def attention(fn: Callable, q, kv, lengths, node_mask):
+def attention(fn: Callable, q, kv, lengths, node_mask, heads_first: bool = False):
     """fn(q [S,Q,H,Dk], kv [S,N,Dk], lengths [S], node_mask [S,Q,W]) -> [S,Q,H,Dv] (the
-    "mla_attention" op, scale and v_dim bound), run per (stream, head) shard under a mesh."""
+    "mla_attention" op, scale and v_dim bound), run per (stream, head) shard under a mesh;
+    heads_first: q and the output are [S,H,Q,.]."""
     mesh = _current_mesh()
-    qspec = spec(("streams", None, "heads", None), q.shape, mesh)
+    axes = ("streams", "heads", None, None) if heads_first else ("streams", None, "heads", None)
+    qspec = spec(axes, q.shape, mesh)
     if mesh is None or qspec == P(None, None, None, None):
         return fn(q, kv, lengths, node_mask)
     s = qspec[0]

@@ -67,6 +67,44 @@ def test_matches_golden(impl, case):
     assert_close(out, ref, TOL[dtype], f"{impl}/{case}")
 
 
+@pytest.mark.parametrize("impl", runnable_impls("mla_attention"))
+@pytest.mark.parametrize("case", ["bushy_ragged", "two_words_bf16"])
+def test_heads_first_layout(impl, case):
+    """q [S,H,Q,Dk] with heads_first=True gives the [S,H,Q,v] transpose of the golden: rows are
+    (head, node) pairs, each node keeping its own mask row."""
+    num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype = CASES[case]
+    q, kv, ctx_lens, node_mask, _ = make_case(7 + hash(case) % 100, num_s, num_q, num_h, dk, v_dim,
+                                              n, ctx, kinds, dtype)
+    scale = dk ** -0.5
+    out = mla_attention(q.swapaxes(1, 2), kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
+                        impl=impl, heads_first=True)
+    assert out.shape == (num_s, num_h, num_q, v_dim) and out.dtype == dtype
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim)
+    assert_close(out.swapaxes(1, 2), ref, TOL[dtype], f"{impl}/{case}/heads_first")
+
+
+def test_pallas_heads_first_poisoned_splits():
+    """heads_first through several context splits (the XLA combine) into NaN-poisoned buffers."""
+    q, kv, ctx_lens, node_mask, _ = make_case(11, 2, 37, 3, 24, 16, 120, [83, 5], ["bushy", "chain"],
+                                              jnp.float32)
+    cfg = pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=3)
+    out = pallas_triton.mla_attention_pallas(q.swapaxes(1, 2), kv, ctx_lens, node_mask, scale=0.2,
+                                             v_dim=16, config=cfg, poison=True, heads_first=True)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=16)
+    assert_close(out.swapaxes(1, 2), ref, TOL[jnp.float32], "pallas heads_first splits")
+
+
+def test_heads_first_bad_shape():
+    q = jnp.zeros((1, 4, 3, 8))   # [S, H, Q, Dk]: Q = 3
+    kv, lens = jnp.zeros((1, 10, 8)), jnp.zeros((1,), jnp.int32)
+    with pytest.raises(ValueError, match="node_mask"):
+        mla_attention(q, kv, lens, jnp.zeros((1, 4, 1), jnp.int32), scale=1.0, v_dim=4,
+                      heads_first=True)    # a mask for Q = 4: the layout reads Q from axis 2
+    with pytest.raises(ValueError, match=r"\[S, H, Q, Dk\]"):
+        mla_attention(q[0], kv, lens, jnp.zeros((1, 3, 1), jnp.int32), scale=1.0, v_dim=4,
+                      heads_first=True)
+
+
 @pytest.mark.parametrize("config", [
     pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=1),
     pallas_triton.BlockConfig(block_m=8, block_n=16, num_warps=4, num_splits=3),

@@ -52,10 +52,10 @@ def _concrete(x):
         return None
 
 
-def _validate(q, kv, ctx_lens, node_mask, scale, v_dim) -> None:
+def _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first=False) -> None:
     if q.ndim != 4:
-        raise ValueError(f"q must be [S, Q, H, Dk]; got shape {q.shape}")
-    num_s, num_q, _, dk = q.shape
+        raise ValueError(f"q must be [S, {'H, Q' if heads_first else 'Q, H'}, Dk]; got shape {q.shape}")
+    num_s, num_q, dk = q.shape[0], q.shape[2 if heads_first else 1], q.shape[3]
     if kv.ndim != 3 or kv.shape[0] != num_s or kv.shape[2] != dk:
         raise ValueError(f"kv must be [S={num_s}, N, Dk={dk}]; got shape {kv.shape}")
     if kv.shape[1] < num_q:
@@ -75,10 +75,13 @@ def _validate(q, kv, ctx_lens, node_mask, scale, v_dim) -> None:
                          f"got {lens.tolist()}")
 
 
-def mla_attention(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, impl: str = "auto") -> jax.Array:
+def mla_attention(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, impl: str = "auto",
+                  heads_first: bool = False) -> jax.Array:
     """Tree-verify attention: q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32,
-    node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] in q.dtype (softmax in float32)."""
+    node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] in q.dtype (softmax in float32).
+    heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim], the layout of a per-head batched matmul's output."""
     q, kv, ctx_lens, node_mask = map(jnp.asarray, (q, kv, ctx_lens, node_mask))
-    _validate(q, kv, ctx_lens, node_mask, scale, v_dim)
+    _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first)
     fn = registry.get("mla_attention", impl)
-    return fn(q, kv, ctx_lens.astype(jnp.int32), node_mask, scale=float(scale), v_dim=int(v_dim))
+    return fn(q, kv, ctx_lens.astype(jnp.int32), node_mask, scale=float(scale), v_dim=int(v_dim),
+              heads_first=bool(heads_first))

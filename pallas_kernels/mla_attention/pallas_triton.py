@@ -161,14 +161,20 @@ def _combine(acc, m, l):
     return out.reshape(num_s, rows, v_dim)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "config", "poison"))
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "config", "poison", "heads_first"))
 def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                         config: BlockConfig = BlockConfig(), poison: bool = False) -> jax.Array:
+                         config: BlockConfig = BlockConfig(), poison: bool = False,
+                         heads_first: bool = False) -> jax.Array:
     """q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32, node_mask [S,Q,W] int32 -> [S,Q,H,v_dim].
 
-    poison=True hands the kernel NaN-filled output buffers (aliased), so unwritten rows show.
+    heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim] (rows ordered (head, node); the layout a batched
+    per-head matmul produces, so the caller needs no transpose). poison=True hands the kernel
+    NaN-filled output buffers (aliased), so unwritten rows show.
     """
-    num_s, num_q, num_h, dk = q.shape
+    if heads_first:
+        num_s, num_h, num_q, dk = q.shape
+    else:
+        num_s, num_q, num_h, dk = q.shape
     num_slots = kv.shape[1]
     rope = dk - v_dim
     if not (_is_pow2(v_dim) and _is_pow2(rope)):
@@ -181,7 +187,10 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     bm, bn = config.block_m, config.block_n
     splits = config.num_splits or default_splits(num_s, rows, num_slots, bm, vs)
     split_len = -(-(-(-num_slots // splits)) // bn) * bn
-    row_mask = jnp.repeat(node_mask, num_h, axis=1).transpose(0, 2, 1)   # [S, W, Q*H]
+    if heads_first:   # row h*Q + n is node n
+        row_mask = jnp.tile(node_mask.transpose(0, 2, 1), (1, 1, num_h))  # [S, W, H*Q]
+    else:             # row n*H + h is node n
+        row_mask = jnp.repeat(node_mask, num_h, axis=1).transpose(0, 2, 1)  # [S, W, Q*H]
 
     grid = (-(-rows // bm) * vs, splits, num_s)
     stream = lambda b, p, s: (s, 0, 0)
@@ -216,7 +225,8 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         compiler_params=plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages),
     )(*args)
     out = outs[0] if splits == 1 else _combine(*outs)
-    return out.reshape(num_s, num_q, num_h, v_dim).astype(q.dtype)
+    lead = (num_h, num_q) if heads_first else (num_q, num_h)
+    return out.reshape(num_s, *lead, v_dim).astype(q.dtype)
 
 
 def _drop_aliased_inputs(kernel, n):
@@ -227,5 +237,7 @@ def _drop_aliased_inputs(kernel, n):
 
 
 @registry.register("mla_attention", "pallas_triton")
-def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int) -> jax.Array:
-    return mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim)
+def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
+                heads_first: bool = False) -> jax.Array:
+    return mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
+                                heads_first=heads_first)

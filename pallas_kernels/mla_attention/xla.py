@@ -40,9 +40,14 @@ def _scores(q, k, scale):
 
 
 @registry.register("mla_attention", "xla")
-@functools.partial(jax.jit, static_argnames=("scale", "v_dim"))
-def mla_attention_xla(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int) -> jax.Array:
-    """q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32, node_mask [S,Q,W] int32 -> [S,Q,H,v_dim]."""
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first"))
+def mla_attention_xla(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
+                      heads_first: bool = False) -> jax.Array:
+    """q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32, node_mask [S,Q,W] int32 -> [S,Q,H,v_dim];
+    heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim]."""
+    if heads_first:
+        out = mla_attention_xla(q.swapaxes(1, 2), kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim)
+        return out.swapaxes(1, 2)
     num_s, num_q, num_h, _ = q.shape
     num_slots = kv.shape[1]
     chunk = _chunk_len(num_s * num_q * num_h, num_slots)
