@@ -92,10 +92,11 @@ class Calibration:
 
 CALIBRATIONS = {
     "measured": Calibration(
-        "measured", moe_bw_eff=0.57, moe_mm_eff=0.15, moe_min_us=125, attn_eff=0.30, attn_min_us=60,
+        "measured", moe_bw_eff=0.68, moe_mm_eff=0.15, moe_min_us=105, attn_eff=0.30, attn_min_us=60,
         dense_bw_eff=0.80, dense_mm_eff=0.80, comm_eff=0.80, layer_us=30, step_us=300,
-        source="this repo's H200 kernels (BENCHMARKS.md, session 4: INT4 MoE 55-61% of copy at "
-               "T=16..256, 129 us at T=1, ~15% of matmul at T=4096 (moe_gemm.md); "
+        source="this repo's H200 kernels (BENCHMARKS.md, session 8: INT4 MoE 66-70% of copy at "
+               "T=16..256 in device time, 102-108 us at T=1 (moe_h200_session8.md); session 3: "
+               "~15% of matmul at T=4096 (moe_gemm.md); "
                "mla_attention.md: 25-38% of floor, ~60 us launch-bound floor; bf16-weight GEMMs "
                "75-85% of copy); comm, layer and step terms assumed"),
     "marlin": Calibration(
@@ -111,9 +112,9 @@ UNIT = Calibration("roofline", moe_bw_eff=1, moe_mm_eff=1, moe_min_us=0, attn_ef
                    dense_bw_eff=1, dense_mm_eff=1, comm_eff=1, layer_us=0, step_us=0,
                    source="bare roofline (all efficiencies 1, no latencies)")
 
-# build_tree on the H200 (experiments/results/tree_h200_session5.md, S=16, f32 logits, profiler
+# build_tree on the H200 (experiments/results/tree_h200_session8.md, S=16, f32 logits, profiler
 # device time), microseconds by budget
-_TREE_H200_US = ((64, 89.7), (256, 122.4), (1024, 549.9))
+_TREE_H200_US = ((64, 89.0), (256, 119.3), (1024, 532.0))
 
 
 @dataclasses.dataclass(frozen=True)
