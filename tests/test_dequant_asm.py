@@ -1,0 +1,85 @@
+"""The INT4 dequantisation PTX (pallas_kernels.moe.dequant, GPU-only "asm" route) run on the CPU by
+a small interpreter of the instructions it uses, against the nibble arithmetic it replaces.
+
+Operand convention of `elementwise_inline_asm(..., pack=2)`: $0 is the output register (two bf16,
+the first element in the low half), $1 and $2 the two neighbouring int32 words, $3 the bf16x2
+scales (scaled variant).
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pallas_kernels.moe.dequant import ASM, ASM_SCALED
+
+BF16 = ml_dtypes.bfloat16
+M32 = 0xFFFFFFFF
+
+
+def _halves(x: int) -> np.ndarray:
+    return np.array([x & 0xFFFF, x >> 16], np.uint16).view(BF16).astype(np.float64)
+
+
+def _pack(v: np.ndarray) -> int:
+    lo, hi = v.astype(BF16).view(np.uint16).astype(int)   # float64 -> bf16: one RNE rounding
+    return int(lo) | int(hi) << 16
+
+
+def run_ptx(src: str, args: list[int]) -> int:
+    """Interpret the PTX block `src` with $1.. = args (32-bit); returns $0."""
+    regs = {f"${i + 1}": a & M32 for i, a in enumerate(args)}
+    val = lambda t: regs[t] if t in regs else int(t, 0) & M32   # noqa: E731
+    for line in src.splitlines():
+        line = line.strip().rstrip(";")
+        if line in ("{", "}") or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        d, *ops = [t.strip() for t in rest.split(",")]
+        if op == "mov.b32":
+            out = val(ops[0])
+        elif op == "prmt.b32":     # default mode: selector nibble k picks byte k of the result
+            pool = val(ops[0]) | val(ops[1]) << 32
+            sel = val(ops[2])
+            assert sel & 0x8888 == 0, "sign-replicating selectors are not modelled"
+            out = sum(((pool >> 8 * (sel >> 4 * k & 7)) & 0xFF) << 8 * k for k in range(4))
+        elif op == "shr.u32":
+            out = val(ops[0]) >> val(ops[1])
+        elif op == "lop3.b32":     # LUT over (a, b, c) = (0xF0, 0xCC, 0xAA) bit patterns
+            a, b, c, lut = (val(t) for t in ops)
+            out = 0
+            for bit in range(32):
+                idx = (a >> bit & 1) << 2 | (b >> bit & 1) << 1 | (c >> bit & 1)
+                out |= (lut >> idx & 1) << bit
+        elif op == "fma.rn.bf16x2":   # exact a*b+c in float64 (bf16 operands), one rounding
+            a, b, c = (_halves(val(t)) for t in ops)
+            out = _pack(a * b + c)
+        else:
+            raise AssertionError(f"instruction not modelled: {op}")
+        assert re.fullmatch(r"\$0|[a-z]+", d), d
+        regs[d] = out & M32
+    return regs["$0"]
+
+
+@pytest.mark.parametrize("j", range(8))
+def test_plane_asm_matches_nibbles(j):
+    rng = np.random.default_rng(100 + j)
+    words = rng.integers(-2**31, 2**31, size=(64, 2), dtype=np.int64)
+    scales = rng.standard_normal((64, 2)).astype(BF16)
+    for (w0, w1), s in zip(words, scales):
+        nib = [((int(w) & M32) >> 4 * j & 0xF) - 8 for w in (w0, w1)]
+        got = _halves(run_ptx(ASM[j], [int(w0), int(w1)]))
+        np.testing.assert_array_equal(got, np.array(nib, np.float64))
+        got_s = _halves(run_ptx(ASM_SCALED[j], [int(w0), int(w1), _pack(s.astype(np.float64))]))
+        want = (np.array(nib, np.float64) * s.astype(np.float64)).astype(BF16).astype(np.float64)
+        np.testing.assert_array_equal(got_s, want)
+
+
+def test_interpreter_primitives():
+    """prmt and lop3 as the PTX manual defines them, on hand-checked values."""
+    assert run_ptx("prmt.b32 $0, $1, $2, 0x5140;", [0x44332211, 0x88776655]) == 0x66225511
+    assert run_ptx("lop3.b32 $0, $1, $2, $3, 0xEA;", [0xF0F0, 0x0FF0, 0x000F]) == 0x00FF
+    assert run_ptx("shr.u32 $0, $1, 4;", [0x80000000]) == 0x08000000
