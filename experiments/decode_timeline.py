@@ -38,16 +38,7 @@ from absl import app, flags
 import ddtree_jax as dj
 from ddtree_jax import bench_util, data, engine
 
-_PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "target/, drafter/, heldout_prompts.json")
-_POINTS = flags.DEFINE_list("points", ["ar:0:1:8", "ddtree:64:1:4"],
-                            "method:budget:streams:steps_per_call")
-_NEW = flags.DEFINE_integer("max_new_tokens", 128, "tokens per stream")
-_BATCHES = flags.DEFINE_integer("batches", 1, "prompt batches per point (streams consecutive "
-                                "held-out prompts each, cycling); times and tokens are summed")
-_REPS = flags.DEFINE_integer("reps", 15, "timed decodes per host loop")
-_GAP = flags.DEFINE_float("gap_us", 20.0, "idle intervals longer than this count as gaps")
-_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
-_OUT = flags.DEFINE_string("out", "", "write all points as JSON here")
+FLAGS = flags.FLAGS
 
 
 def parse_point(text: str) -> tuple[str, int, int, int]:
@@ -70,13 +61,13 @@ def prompt_batches(prompts, streams: int, batches: int) -> list[list]:
 
 
 def run_point(target, drafter, prompts, method: str, budget: int, streams: int, k: int) -> dict:
-    batches = prompt_batches(prompts, streams, _BATCHES.value)
+    batches = prompt_batches(prompts, streams, FLAGS.batches)
     # One cache size for every batch, so one compiled step serves them all.
     sus = [engine.setup(target, drafter, b, method=method, budget=max(budget, 1),
-                        max_new_tokens=_NEW.value) for b in batches]
+                        max_new_tokens=FLAGS.max_new_tokens) for b in batches]
     max_len = max(su.max_len for su in sus)
     sus = [engine.setup(target, drafter, b, method=method, budget=max(budget, 1),
-                        max_new_tokens=_NEW.value, max_len=max_len) for b in batches]
+                        max_new_tokens=FLAGS.max_new_tokens, max_len=max_len) for b in batches]
     su = sus[0]
     tparams, dparams = target[1], drafter[1] if su.plan.dcfg is not None else None
     prefilled = [engine.prefill(target, drafter, x) for x in sus]
@@ -99,7 +90,7 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
 
     walls = {pace: [[] for _ in batches] for pace in (True, False)}
     dispatches, finals = {True: [], False: []}, {}
-    for _ in range(_REPS.value):
+    for _ in range(FLAGS.reps):
         for b, pre in enumerate(prefilled):
             for pace in (True, False):
                 dispatch = []
@@ -129,26 +120,26 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
                          dispatch_ms=float(np.median(dispatches[pace])) * 1e3,
                          traced_wall_ms=traced_wall * 1e3)
         if kernels:   # the first batch's decode
-            t = bench_util.kernel_timeline(kernels, _GAP.value)
+            t = bench_util.kernel_timeline(kernels, FLAGS.gap_us)
             rec[name].update(t, host_ms=traced_wall * 1e3 - t["span_ms"])
     return rec
 
 
 def main(argv):
     del argv
-    points = [parse_point(p) for p in _POINTS.value]
-    if _BATCHES.value < 1:
-        raise ValueError(f"--batches must be >= 1, got {_BATCHES.value}")
-    dtype = jnp.dtype(_DTYPE.value)
-    target = dj.load_target(os.path.join(_PAIR.value, "target"), dtype=dtype)
-    drafter = dj.load_drafter(os.path.join(_PAIR.value, "drafter"), dtype=dtype)
-    prompts = data.load_prompts(os.path.join(_PAIR.value, "heldout_prompts.json"))
+    points = [parse_point(p) for p in FLAGS.points]
+    if FLAGS.batches < 1:
+        raise ValueError(f"--batches must be >= 1, got {FLAGS.batches}")
+    dtype = jnp.dtype(FLAGS.dtype)
+    target = dj.load_target(os.path.join(FLAGS.pair_dir, "target"), dtype=dtype)
+    drafter = dj.load_drafter(os.path.join(FLAGS.pair_dir, "drafter"), dtype=dtype)
+    prompts = data.load_prompts(os.path.join(FLAGS.pair_dir, "heldout_prompts.json"))
     recs = []
     for method, budget, streams, k in points:
         recs.append(run_point(target, drafter, prompts, method, budget, streams, k))
         print(json.dumps(recs[-1]), flush=True)
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                            date=time.strftime("%Y-%m-%d"), points=recs), f, indent=1)
     cols = ["wall_ms", "tokens_per_second", "device_steps", "dispatch_ms", "busy_ms", "span_ms",
@@ -160,5 +151,21 @@ def main(argv):
     print(bench_util.markdown_table(rows, ["point", "loop", "tau"] + cols))
 
 
+def _define_flags() -> None:
+    """The command-line flags (defined only when run as a script, so that importing this module
+    for its functions defines none)."""
+    flags.DEFINE_string("pair_dir", "assets/pair", "target/, drafter/, heldout_prompts.json")
+    flags.DEFINE_list("points", ["ar:0:1:8", "ddtree:64:1:4"],
+                      "method:budget:streams:steps_per_call")
+    flags.DEFINE_integer("max_new_tokens", 128, "tokens per stream")
+    flags.DEFINE_integer("batches", 1, "prompt batches per point (streams consecutive "
+                         "held-out prompts each, cycling); times and tokens are summed")
+    flags.DEFINE_integer("reps", 15, "timed decodes per host loop")
+    flags.DEFINE_float("gap_us", 20.0, "idle intervals longer than this count as gaps")
+    flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
+    flags.DEFINE_string("out", "", "write all points as JSON here")
+
+
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

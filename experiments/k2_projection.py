@@ -30,20 +30,7 @@ from ddtree_jax.bench_util import markdown_table, median_seconds
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import visibility_to_mask
 
-_GPUS = flags.DEFINE_list("gpus", list(rf.GPUS), "GPU types to project")
-_CALS = flags.DEFINE_list("calibrations", list(rf.CALIBRATIONS), "kernel efficiency calibrations")
-_STREAMS = flags.DEFINE_list("streams", ["1", "10"], "concurrent streams to project")
-_CTX = flags.DEFINE_integer("ctx", 4096, "context tokens per stream")
-_TAU = flags.DEFINE_string("tau", "", "tau curve 'budget:tau,...' (default: roofline.DEFAULT_TAU)")
-_TAU_JSONL = flags.DEFINE_string("tau_jsonl", "", "take tau(budget) from sweep results (ddtree, T=0, "
-                                 "fewest streams)")
-_MEASURE = flags.DEFINE_bool("measure", False, "time the verify step per layer on this machine")
-_PRESET = flags.DEFINE_string("preset", "k2_slice", "model preset for --measure")
-_M_BUDGETS = flags.DEFINE_list("measure_budgets", ["4", "16", "64", "256"], "budgets for --measure")
-_M_STREAMS = flags.DEFINE_list("measure_streams", ["1", "8"], "streams for --measure")
-_M_CTX = flags.DEFINE_integer("measure_ctx", 4096, "context per stream for --measure")
-_REPS = flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
-_OUT = flags.DEFINE_string("out", "", "write everything as JSON here")
+FLAGS = flags.FLAGS
 
 # Published Kimi K2.6 numbers on 8 RTX PRO 6000 Blackwell (issue 7)
 PUBLISHED = dict(moe_gb=8.5, moe_ms=7.0, per_token_us_1=150.0, per_token_us_256=6.85,
@@ -51,10 +38,10 @@ PUBLISHED = dict(moe_gb=8.5, moe_ms=7.0, per_token_us_1=150.0, per_token_us_256=
 
 
 def tau_curve() -> rf.TauCurve:
-    if _TAU.value:
-        return rf.TauCurve.parse(_TAU.value)
-    if _TAU_JSONL.value:
-        recs = [r for r in sweep_io.read_results(_TAU_JSONL.value)
+    if FLAGS.tau:
+        return rf.TauCurve.parse(FLAGS.tau)
+    if FLAGS.tau_jsonl:
+        recs = [r for r in sweep_io.read_results(FLAGS.tau_jsonl)
                 if r["method"] == "ddtree" and r["temperature"] == 0]
         s = min(r["streams"] for r in recs)
         pts = sorted((r["budget"], r["tau"]) for r in recs if r["streams"] == s)
@@ -137,7 +124,7 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
 
 def main(argv):
     del argv
-    dep = rf.Deployment.kimi_k2_6(ctx=_CTX.value)
+    dep = rf.Deployment.kimi_k2_6(ctx=FLAGS.ctx)
     tau = tau_curve()
     result = dict(assumptions=rf.MODEL_ASSUMPTIONS, tau=dict(budgets=tau.budgets, taus=tau.taus),
                   gpus={k: vars(g) for k, g in rf.GPUS.items()},
@@ -149,9 +136,9 @@ def main(argv):
     for c in rf.CALIBRATIONS.values():
         print(f"  calibration {c.name}: {c.source}")
     print(f"tau curve (budget: tau): {dict(zip(tau.budgets, tau.taus))}; context {dep.ctx} tokens/stream\n")
-    for name in _GPUS.value:
-        for cal in _CALS.value:
-            for s in (int(x) for x in _STREAMS.value):
+    for name in FLAGS.gpus:
+        for cal in FLAGS.calibrations:
+            for s in (int(x) for x in FLAGS.streams):
                 rows = rf.project(rf.GPUS[name], rf.CALIBRATIONS[cal], dep, tau, s)
                 result["projection"] += rows
                 b = dict(rf.best(rows), ar_tokens_per_second=rows[0]["tokens_per_second"])
@@ -167,19 +154,39 @@ def main(argv):
     result["published_checks"] = checks
     print("\nAgainst published Kimi K2.6 on 8 RTX PRO 6000 (ratio = model / published):")
     print(markdown_table(checks, ["calibration", "check", "model", "published", "ratio", "why"]))
-    if _MEASURE.value:
-        cfg = dj.ModelConfig.preset(_PRESET.value)
-        rows = measure(cfg, [int(b) for b in _M_BUDGETS.value], [int(s) for s in _M_STREAMS.value],
-                       _M_CTX.value, jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32,
-                       _REPS.value)
+    if FLAGS.measure:
+        cfg = dj.ModelConfig.preset(FLAGS.preset)
+        rows = measure(cfg, [int(b) for b in FLAGS.measure_budgets],
+                       [int(s) for s in FLAGS.measure_streams], FLAGS.measure_ctx,
+                       jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32, FLAGS.reps)
         result["measured"] = rows
-        print(f"\nMeasured on {jax.devices()[0].device_kind}, preset {_PRESET.value} "
+        print(f"\nMeasured on {jax.devices()[0].device_kind}, preset {FLAGS.preset} "
               f"({cfg.num_hidden_layers} layers), ms (attention / MoE / rest per layer):")
         print(markdown_table(rows, list(rows[0])))
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
             json.dump(result, f, indent=1, default=str)
 
 
+def _define_flags() -> None:
+    """The command-line flags (defined only when run as a script, so that importing this module
+    for its functions defines none)."""
+    flags.DEFINE_list("gpus", list(rf.GPUS), "GPU types to project")
+    flags.DEFINE_list("calibrations", list(rf.CALIBRATIONS), "kernel efficiency calibrations")
+    flags.DEFINE_list("streams", ["1", "10"], "concurrent streams to project")
+    flags.DEFINE_integer("ctx", 4096, "context tokens per stream")
+    flags.DEFINE_string("tau", "", "tau curve 'budget:tau,...' (default: roofline.DEFAULT_TAU)")
+    flags.DEFINE_string("tau_jsonl", "", "take tau(budget) from sweep results (ddtree, T=0, "
+                        "fewest streams)")
+    flags.DEFINE_bool("measure", False, "time the verify step per layer on this machine")
+    flags.DEFINE_string("preset", "k2_slice", "model preset for --measure")
+    flags.DEFINE_list("measure_budgets", ["4", "16", "64", "256"], "budgets for --measure")
+    flags.DEFINE_list("measure_streams", ["1", "8"], "streams for --measure")
+    flags.DEFINE_integer("measure_ctx", 4096, "context per stream for --measure")
+    flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
+    flags.DEFINE_string("out", "", "write everything as JSON here")
+
+
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
