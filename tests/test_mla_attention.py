@@ -223,3 +223,50 @@ def test_block_config_parse_and_v_split_checks():
         with pytest.raises(ValueError, match="v_split"):
             pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.1, v_dim=16,
                                                config=pallas_triton.BlockConfig(v_split=v_split))
+
+
+DEFER_CONFIGS = [
+    pallas_triton.BlockConfig(block_m=16, block_n=32, num_splits=1, defer_pv=True),
+    pallas_triton.BlockConfig(block_m=8, block_n=32, num_splits=3, defer_pv=True),
+    pallas_triton.BlockConfig(block_m=16, block_n=32, num_splits=2, v_split=2, defer_pv=True),
+]
+
+
+@pytest.mark.parametrize("config", DEFER_CONFIGS, ids=lambda c: f"{c.name}_splits{c.num_splits}")
+def test_pallas_defer_pv_poisoned(config):
+    """P @ V one tile late (defer_pv): ragged ctx incl. 0, contexts off the blocks, splits that own
+    no context keys, a row that sees nothing; NaN-filled outputs must all be overwritten."""
+    q, kv, ctx_lens, node_mask, vis = make_case(13, 3, 10, 3, 40, 32, 90, [0, 41, 79],
+                                                ["bushy", "random", "chain"], jnp.float32)
+    vis[0, 4] = False     # stream 0 has no context: row 4 sees nothing
+    node_mask = visibility_to_mask(vis)
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32,
+                                             config=config, poison=True)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32)
+    assert_close(out, ref, 1e-5, f"pallas {config}")
+    assert np.all(np.asarray(out)[0, 4] == 0)
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_pallas_defer_pv_k2_layout_two_words(heads_first):
+    """Kimi-K2 widths, Q = 37 (two mask words), bf16, ctx 0 and off-block, poisoned, both layouts."""
+    q, kv, ctx_lens, node_mask, _ = make_case(6, 2, 37, 2, 576, 512, 120, [0, 70], ["bushy", "star"],
+                                              jnp.bfloat16)
+    config = pallas_triton.BlockConfig.parse("32x32x8x2d")
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
+    if heads_first:
+        q, ref = q.transpose(0, 2, 1, 3), np.asarray(ref).transpose(0, 2, 1, 3)
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
+                                             config=config, poison=True, heads_first=heads_first)
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, ref, TOL[jnp.bfloat16], "pallas defer_pv")
+
+
+def test_defer_pv_parse_and_checks():
+    cfg = pallas_triton.BlockConfig.parse("64x32x8x2d")
+    assert cfg.defer_pv and cfg.name == "64x32x8x2d" and cfg.block_n == 32
+    assert pallas_triton.BlockConfig.parse("64x32x8x2v2d").v_split == 2
+    q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 2, 2, 24, 16, 40, [10], ["chain"], jnp.float32)
+    with pytest.raises(ValueError, match="block_n"):
+        pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.1, v_dim=16,
+                                           config=pallas_triton.BlockConfig(block_n=64, defer_pv=True))

@@ -16,6 +16,14 @@ v_split latent chunk dots (the program's own V chunk first, so the loaded chunk 
 plus the rope dot. Cost: QK^T FLOPs x v_split (total 1.53x at v_split 2, 2.59x at 4 for K2).
 Seen in Triton 3.6's sm_90 output: with 8 warps and block_m = 64 the chained-dot layout replicates
 QK^T on both warpgroups (a further 2x) while PV's columns are split between them.
+
+`defer_pv` runs tile j's P @ V in loop step j + 1, its operands carried through the loop, so QK^T
+no longer feeds a dot in Triton's eyes: with 8 warps and block_m = 64 both dots then split their
+columns over the two warpgroups (warpsPerCTA [4, 2], a 128-register accumulator per thread, no
+replicated QK^T). Needs block_n = 32 (one tile size for context and tree keys); the tree loop runs
+one extra, keyless step that adds the last pending tile. Measured on an H200 (2026-12-01) it is
+1.7-1.9x *slower* than the default (ptxas still spills 1.4-2.1 KB per thread at 255 registers,
+and the carried P and V go through shared memory every step), so it stays off.
 """
 
 from __future__ import annotations
@@ -43,19 +51,23 @@ class BlockConfig:
     num_stages: int = 2
     num_splits: int | None = None
     v_split: int = 1
+    defer_pv: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "BlockConfig":
-        """'BMxBNxWARPSxSTAGES' with an optional 'vV' suffix (v_split), e.g. '64x32x4x2v2'."""
-        dims, _, v_split = text.partition("v")
+        """'BMxBNxWARPSxSTAGES' with optional suffixes 'vV' (v_split) and 'd' (defer_pv),
+        e.g. '64x32x4x2v2', '64x32x8x2d'."""
+        defer = text.endswith("d")
+        dims, _, v_split = text.removesuffix("d").partition("v")
         bm, bn, warps, stages = (int(x) for x in dims.split("x"))
-        return cls(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, v_split=int(v_split or 1))
+        return cls(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, v_split=int(v_split or 1),
+                   defer_pv=defer)
 
     @property
     def name(self) -> str:
         """The inverse of parse (num_splits is not part of the name)."""
         v = f"v{self.v_split}" if self.v_split > 1 else ""
-        return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}{v}"
+        return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}{v}{'d' if self.defer_pv else ''}"
 
 
 def _is_pow2(n: int) -> bool:
@@ -84,8 +96,25 @@ def _update(carry, s, v):
     return m_new, l * alpha + p.sum(axis=1), acc
 
 
+def _update_deferred(carry, s, v):
+    """_update with tile j's P @ V deferred to step j + 1 (carry: m, l, acc, p_prev, v_prev).
+
+    acc holds every earlier tile but the last, at the scale of m; the carried (p_prev, v_prev)
+    is added before rescaling. The PV dot's operands arrive through the loop carry, so Triton no
+    longer sees QK^T feeding a dot (a "chained" dot) and may split both dots' columns across
+    warpgroups instead of replicating QK^T (see the module docstring).
+    """
+    m, l, acc, p_prev, v_prev = carry
+    acc = acc + _dot(p_prev, v_prev, 0)
+    m_new = jnp.maximum(m, s.max(axis=1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(s - m_safe[:, None])
+    alpha = jnp.exp(m - m_safe)
+    return m_new, l * alpha + p.sum(axis=1), acc * alpha[:, None], p.astype(v.dtype), v
+
+
 def _kernel(ctx_ref, q_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, num_q, rows,
-            num_slots, block_m, block_n, split_len, num_splits, v_split):
+            num_slots, block_m, block_n, split_len, num_splits, v_split, defer_pv):
     if v_split == 1:
         blk, vc = pl.program_id(0), 0
     else:
@@ -114,25 +143,35 @@ def _kernel(ctx_ref, q_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, num
     lo = split * split_len
     hi = jnp.minimum(lo + split_len, ctx)
 
+    update = _update_deferred if defer_pv else _update
+
     def ctx_body(i, carry):
         start = lo + i * block_n
         key_ok = start + jnp.arange(block_n) < hi
         s, v = scores(start, key_ok, block_n)
-        return _update(carry, jnp.where(key_ok[None, :], s, -jnp.inf), v)
+        return update(carry, jnp.where(key_ok[None, :], s, -jnp.inf), v)
+
+    last_split = split == num_splits - 1
+    num_words = -(-num_q // _TREE_BLOCK)
 
     def tree_body(w, carry):
+        """Tree keys ctx + 32w ..; with defer_pv, the extra last step (w = num_tree) sees no keys
+        and only adds the pending tile, so no P @ V runs outside a loop."""
         t = w * _TREE_BLOCK + jnp.arange(_TREE_BLOCK)
-        key_ok = (t < num_q) & (ctx + t < num_slots)
+        key_ok = (t < num_q) & (ctx + t < num_slots) & last_split
         s, v = scores(ctx + w * _TREE_BLOCK, key_ok, _TREE_BLOCK)
-        word = plgpu.load(mask_ref.at[w, pl.ds(r0, block_m)], mask=row_ok, other=0)
+        word = plgpu.load(mask_ref.at[jnp.minimum(w, num_words - 1), pl.ds(r0, block_m)],
+                          mask=row_ok & (w < num_words), other=0)
         bit = (word[:, None] >> jnp.arange(_TREE_BLOCK)[None, :]) & 1
-        return _update(carry, jnp.where((bit != 0) & key_ok[None, :], s, -jnp.inf), v)
+        return update(carry, jnp.where((bit != 0) & key_ok[None, :], s, -jnp.inf), v)
 
     carry = (jnp.full((block_m,), -jnp.inf, jnp.float32), jnp.zeros((block_m,), jnp.float32),
              jnp.zeros((block_m, vw), jnp.float32))
+    if defer_pv:   # nothing pending before the first tile: P = 0
+        carry += (jnp.zeros((block_m, block_n), q_ref.dtype), jnp.zeros((block_n, vw), kv_ref.dtype))
     carry = jax.lax.fori_loop(0, jnp.maximum(hi - lo + block_n - 1, 0) // block_n, ctx_body, carry)
-    num_tree = (split == num_splits - 1).astype(jnp.int32) * -(-num_q // _TREE_BLOCK)
-    m, l, acc = jax.lax.fori_loop(0, num_tree, tree_body, carry)
+    num_tree = last_split.astype(jnp.int32) * num_words + int(defer_pv)
+    m, l, acc = jax.lax.fori_loop(0, num_tree, tree_body, carry)[:3]
 
     rows_o, cols_o = pl.ds(r0, block_m), pl.ds(cols[0], vw)
     if num_splits == 1:
@@ -181,6 +220,9 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         raise ValueError(f"pallas_triton mla_attention needs power-of-two v_dim and Dk - v_dim; "
                          f"got v_dim={v_dim}, Dk={dk}")
     vs = config.v_split
+    if config.defer_pv and config.block_n != _TREE_BLOCK:
+        raise ValueError(f"defer_pv needs block_n == {_TREE_BLOCK} (one tile size for context and tree "
+                         f"keys); got block_n={config.block_n}")
     if not (_is_pow2(vs) and v_dim % vs == 0):
         raise ValueError(f"v_split must be a power of two dividing v_dim={v_dim}; got {vs}")
     rows = num_q * num_h
@@ -216,7 +258,8 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         in_specs += out_specs
     kernel = functools.partial(
         _kernel, scale=scale, v_dim=v_dim, rope=rope, num_q=num_q, rows=rows, num_slots=num_slots,
-        block_m=bm, block_n=bn, split_len=split_len, num_splits=splits, v_split=vs)
+        block_m=bm, block_n=bn, split_len=split_len, num_splits=splits, v_split=vs,
+        defer_pv=config.defer_pv)
     if poison:
         kernel = _drop_aliased_inputs(kernel, len(out_shape))
     outs = pl.pallas_call(
