@@ -92,11 +92,11 @@ class Calibration:
 
 CALIBRATIONS = {
     "measured": Calibration(
-        "measured", moe_bw_eff=0.68, moe_mm_eff=0.15, moe_min_us=105, attn_eff=0.30, attn_min_us=60,
+        "measured", moe_bw_eff=0.68, moe_mm_eff=0.28, moe_min_us=105, attn_eff=0.30, attn_min_us=60,
         dense_bw_eff=0.80, dense_mm_eff=0.80, comm_eff=0.80, layer_us=30, step_us=300,
         source="this repo's H200 kernels (BENCHMARKS.md, session 8: INT4 MoE 66-70% of copy at "
-               "T=16..256 in device time, 102-108 us at T=1 (moe_h200_session8.md); session 3: "
-               "~15% of matmul at T=4096 (moe_gemm.md); "
+               "T=16..256 in device time, 102-108 us at T=1 (moe_h200_session8.md); session 9: "
+               "28% of matmul at T=4096 (moe_large_t_h200_session9.md); "
                "mla_attention.md: 25-38% of floor, ~60 us launch-bound floor; bf16-weight GEMMs "
                "75-85% of copy); comm, layer and step terms assumed"),
     "marlin": Calibration(

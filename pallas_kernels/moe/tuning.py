@@ -4,9 +4,10 @@
 routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
 num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits"). Variants of the Pallas
 kernels (the "triton" kernels ignore them): scale_weights (group scale applied to the dequantised
-weights, one accumulator instead of a rescale per 32-row plane: on up to T = 256, where the
-H200 measured 1.24-1.63x), swap_ab (weight tile on the MMA's M side: measured slower), split_k (K
-split over this many programs, float32 partial sums reduced in XLA: measured slower at T = 1).
+weights, one accumulator instead of a rescale per 32-row plane: on at every T, where the H200
+measured it 1.2-1.6x at T = 16..1024), swap_ab (weight tile on the MMA's M side: measured
+slower), split_k (K split over this many programs, float32 partial sums reduced in XLA: measured
+slower at T = 1).
 down_warps / down_stages: the down kernel's own warps and pipeline stages (0: num_warps /
 num_stages); its K (= I = 2048) is 8 K blocks, a shorter loop than gate_up's 28.
 """
@@ -40,13 +41,16 @@ class MoEConfig(NamedTuple):
 # Session 8 (experiments/results/moe_h200_session8.md): down kernel 256 columns wide at T <= 256
 # (its K is only 8 blocks; wider tiles put more bytes in flight per program): down kernel at
 # T = 256 1555-1654 -> 1129-1162 us, T = 1 41.6 -> 30.0, T = 4 121-144 -> 106.
+# Session 9 (experiments/results/moe_large_t_h200_session9.md), T > 256, whose session-3 entries
+# had never been re-tuned: T = 512 8265 -> 3604-3802 us with the T <= 256 config; T >= 1024
+# bm 32, 64 / 256 columns, scale_weights: T = 1024 8554 -> 4908 us, T = 4096 ~30,300 (sum of
+# the parts) -> 14,818 us.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
     (4, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
     (16, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
-    (256, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
-    (1024, MoEConfig(bm=32, bn_up=128, bn_down=128)),
-    (1 << 62, MoEConfig(bm=64, bn_up=128, bn_down=128, num_warps=8)),
+    (512, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
+    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True)),
 )
 
 
