@@ -22,7 +22,7 @@ no longer feeds a dot in Triton's eyes: with 8 warps and block_m = 64 both dots 
 columns over the two warpgroups (warpsPerCTA [4, 2], a 128-register accumulator per thread, no
 replicated QK^T). Needs block_n = 32 (one tile size for context and tree keys); the tree loop runs
 one extra, keyless step that adds the last pending tile. Measured on an H200 (2026-12-01) it is
-1.7-1.9x *slower* than the default (ptxas still spills 1.4-2.1 KB per thread at 255 registers,
+1.6-1.8x *slower* than the default (ptxas still spills 1.4-2.1 KB per thread at 255 registers,
 and the carried P and V go through shared memory every step), so it stays off.
 """
 
