@@ -1,25 +1,74 @@
-"""Registers, spills and shared memory of the Pallas:Triton MLA attention kernel, without a GPU.
+"""Registers, spills, shared memory and main-loop instructions of the Pallas:Triton kernels, without a GPU.
 
-Lowers `mla_attention_pallas` for the CUDA platform with interpret mode off (Pallas emits Triton
-IR; no GPU needed), captures each kernel's TTIR, compiles it for sm_90a with a pip Triton living
-in a separate Python (--triton_python; the project's venv has none), and runs ptxas -v on the PTX.
-Reports per (config, Q): registers per thread, spill stores/loads (bytes), Triton's shared memory
-(bytes), and which MMA the PTX uses (wgmma = Hopper warpgroup MMA, mma = the older mma.sync).
-The pip Triton's pipeline is close to, not the same as, the one jaxlib bundles on the GPU.
+Lowers a kernel for the CUDA platform with interpret mode off (Pallas emits Triton IR; no GPU
+needed), captures each Triton module's TTIR, and compiles it for sm_90a with a pip Triton living in
+a separate Python (--triton_python; the project's venv has none): first Triton's TTIR stage
+(canonicalize, combine, CSE, loop unroll, as XLA runs it for Pallas kernels), then TTGIR, PTX,
+ptxas -v and cuobjdump. Reports per kernel: registers per thread, spill stores/loads (bytes),
+Triton's shared memory (bytes), which MMA the PTX uses (wgmma = Hopper warpgroup MMA, mma = the
+older mma.sync), and the SASS instructions of the longest loop (per thread per iteration) with its
+most frequent opcodes. The pip Triton's pipeline is close to, not the same as, the one jaxlib
+bundles on the GPU.
 
   python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install triton==3.6.0
   PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
-      --configs=32x64x4x2,64x32x4x2v2 --q=16,64,256 --streams=8 --ctx=8192
+      --kernel=mla --configs=32x64x4x2,64x32x4x2v2 --q=16,64,256 --streams=8 --ctx=8192
+  PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
+      --kernel=moe --moe_tokens=16,256 --moe_variants='bn_up=128'
+
+--kernel=moe: the INT4 MoE gate_up and down kernels at the Kimi-K2 layer shape (E=384, d=7168,
+I=2048, top-8), each T's tuned config, plus each --moe_variants option set on top of it (the
+syntax of kernel_bench.py --variants).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+
+
+def _optimize_ttir(path: str) -> str:
+    """Run Triton's TTIR stage (make_ttir) on a TTIR file, as XLA does for Pallas kernels; returns
+    the optimised file. `triton.compile` starts *after* that stage when given a .ttir file, so
+    without this `acc + dot(a, b)` stays an MMA into zeros plus a float add, and registers are
+    overstated."""
+    from triton._C.libtriton import ir, passes
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    mod = ir.parse_mlir_module(path, ctx)
+    pm = ir.pass_manager(ctx)
+    passes.common.add_inliner(pm)
+    passes.ttir.add_rewrite_tensor_pointer(pm)
+    passes.common.add_canonicalizer(pm)
+    passes.ttir.add_combine(pm)
+    passes.ttir.add_reorder_broadcast(pm)
+    passes.common.add_cse(pm)
+    passes.common.add_symbol_dce(pm)
+    passes.ttir.add_loop_unroll(pm)
+    pm.run(mod, "make_ttir")
+    out = path[: -len(".ttir")] + ".opt.ttir"
+    open(out, "w").write(str(mod))
+    return out
+
+
+def loop_mix(sass: str) -> tuple[int, collections.Counter]:
+    """SASS text -> (instructions, opcode counts) of the longest loop (a backward branch's body)."""
+    ins = [(int(m.group(1), 16), m.group(2).strip())
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = []
+    for addr, text in ins:
+        m = re.search(r"\bBRA\s+(?:`?\(?\.L_x_\d+\)?|0x([0-9a-f]+))", text)
+        if m and m.group(1) and int(m.group(1), 16) < addr:
+            body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+            best = max(best, body, key=len)
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in best)
+    return len(best), ops
 
 
 def _compile_worker(manifest_path: str) -> None:
@@ -29,48 +78,78 @@ def _compile_worker(manifest_path: str) -> None:
 
     import triton
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for item in json.load(open(manifest_path)):
         res = {"key": item["key"]}
         try:
-            k = triton_compile(item["ttir"], target=GPUTarget("cuda", 90, 32),
+            k = triton_compile(_optimize_ttir(item["ttir"]), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": item["num_warps"], "num_stages": item["num_stages"]})
             ptx = k.asm["ptx"]
             with tempfile.TemporaryDirectory() as d:
                 open(f"{d}/k.ptx", "w").write(ptx)
-                log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                                     capture_output=True, text=True, check=True).stderr
+                open(f"{d}/k.cubin", "wb").write(k.asm["cubin"])
+                log = subprocess.run([f"{bin_dir}/ptxas", "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o",
+                                      f"{d}/k2.cubin"], capture_output=True, text=True, check=True).stderr
+                sass = subprocess.run([f"{bin_dir}/cuobjdump", "-sass", f"{d}/k.cubin"], capture_output=True,
+                                      text=True, check=True).stdout
+            n_loop, ops = loop_mix(sass)
             res.update(regs=int(re.search(r"Used (\d+) registers", log).group(1)),
                        spill_st=int(re.search(r"(\d+) bytes spill stores", log).group(1)),
                        spill_ld=int(re.search(r"(\d+) bytes spill loads", log).group(1)),
-                       smem=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), mma=ptx.count("mma.sync"))
+                       smem=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), mma=ptx.count("mma.sync"),
+                       loop=n_loop, loop_ops=dict(ops.most_common()))
         except Exception as e:  # report and go on: one config failing must not end the table
             res["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         print(json.dumps(res), flush=True)
 
 
-def dump_ttir(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dict]:
-    """Lower the kernel for CUDA per (config, Q) and write its TTIR; returns the compile manifest."""
-    from unittest import mock
+class _Capture:
+    """Patches the Pallas:Triton lowering to keep every TTIR module it emits, interpret mode off."""
 
+    def __init__(self, *modules_with_interpret):
+        self.modules, self.patches = [], []
+        self.targets = modules_with_interpret
+
+    def __enter__(self):
+        from unittest import mock
+
+        import jax
+        from jax._src.pallas.triton import pallas_call_registration as reg
+
+        lower = reg.lowering.lower_jaxpr_to_triton_module
+
+        def capture(*args, **kwargs):
+            res = lower(*args, **kwargs)
+            self.modules.append(res.module.operation.get_asm(enable_debug_info=False))
+            return res
+
+        self.patches = [mock.patch.object(m, "interpret_mode", lambda: False) for m in self.targets]
+        self.patches.append(mock.patch.object(reg.lowering, "lower_jaxpr_to_triton_module", capture))
+        for p in self.patches:
+            p.start()
+        jax.clear_caches()                       # earlier traces were made in interpret mode
+        return self
+
+    def __exit__(self, *exc):
+        for p in reversed(self.patches):
+            p.stop()
+
+
+def _write(out_dir: str, key: str, ttir: str) -> str:
+    path = os.path.join(out_dir, re.sub(r"\W", "_", key) + ".ttir")
+    open(path, "w").write(ttir)
+    return path
+
+
+def dump_mla(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dict]:
+    """Lower the MLA kernel for CUDA per (config, Q) and write its TTIR; returns the compile manifest."""
     import jax
     import jax.numpy as jnp
-    from jax._src.pallas.triton import pallas_call_registration as reg
 
     from pallas_kernels.mla_attention import pallas_triton
 
-    modules = []
-    lower_module = reg.lowering.lower_jaxpr_to_triton_module
-
-    def capture(*args, **kwargs):
-        res = lower_module(*args, **kwargs)
-        modules.append(res.module.operation.get_asm(enable_debug_info=False))
-        return res
-
     manifest = []
-    with mock.patch.object(pallas_triton, "interpret_mode", lambda: False), \
-            mock.patch.object(reg.lowering, "lower_jaxpr_to_triton_module", capture):
-        jax.clear_caches()                       # earlier traces were made in interpret mode
+    with _Capture(pallas_triton) as cap:
         for cfg in configs:
             for num_q in qs:
                 specs = (jax.ShapeDtypeStruct((num_s, num_q, heads, dk), jnp.bfloat16),
@@ -81,42 +160,80 @@ def dump_ttir(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dic
                                                                             config=cfg)
                 jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
                 key = f"{cfg.name} Q={num_q}"
-                path = os.path.join(out_dir, re.sub(r"\W", "_", key) + ".ttir")
-                open(path, "w").write(modules[-1])
                 splits = cfg.num_splits or pallas_triton.default_splits(
                     num_s, num_q * heads, ctx + num_q, cfg.block_m, cfg.v_split)
-                manifest.append(dict(key=key, config=cfg.name, q=num_q, splits=splits, ttir=path,
+                manifest.append(dict(key=key, config=cfg.name, q=num_q, splits=splits,
+                                     ttir=_write(out_dir, key, cap.modules[-1]),
                                      num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return manifest
+
+
+def dump_moe(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk=8, out_dir) -> list[dict]:
+    """Lower the INT4 MoE kernels (gate_up, down) per (T, option set) and write their TTIR."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.moe import pallas_triton, tuning
+
+    def spec(k, n):   # kernel layout: qweight [E, K/8, N] int32, qscale [E, K/32, N] bf16
+        return (jax.ShapeDtypeStruct((experts, k // 8, n), jnp.int32),
+                jax.ShapeDtypeStruct((experts, k // 32, n), jnp.bfloat16))
+
+    ex = {}
+    for name, (k, n) in {"gate": (hidden, inter), "up": (hidden, inter), "down": (inter, hidden)}.items():
+        ex[f"{name}_qweight"], ex[f"{name}_qscale"] = spec(k, n)
+    manifest = []
+    with _Capture(pallas_triton) as cap:
+        for t in tokens:
+            for opts in [{}] + list(variant_sets):
+                cfg = tuning.config(t)._replace(**opts)
+                fn = lambda x, ids, w, e, cfg=cfg: pallas_triton.moe_experts_pallas(x, ids, w, e, cfg=cfg)
+                jax.jit(fn).trace(jax.ShapeDtypeStruct((t, hidden), jnp.bfloat16),
+                                  jax.ShapeDtypeStruct((t, topk), jnp.int32),
+                                  jax.ShapeDtypeStruct((t, topk), jnp.float32),
+                                  ex).lower(lowering_platforms=("cuda",))
+                label = ",".join(f"{k}={v}" for k, v in opts.items()) or "tuned"
+                for kernel, ttir in zip(("gate_up", "down"), cap.modules[-2:]):
+                    warps = cfg.num_warps if kernel == "gate_up" else cfg.down_warps or cfg.num_warps
+                    stages = cfg.num_stages if kernel == "gate_up" else cfg.down_stages or cfg.num_stages
+                    key = f"T={t} {label} {kernel}"
+                    manifest.append(dict(key=key, config=f"{label} {kernel}", q=t, splits=cfg.split_k,
+                                         ttir=_write(out_dir, key, ttir), num_warps=warps, num_stages=stages))
     return manifest
 
 
 def main(_):
     from absl import flags
 
-    from pallas_kernels.mla_attention.pallas_triton import BlockConfig
-
     f = flags.FLAGS
-    configs = [BlockConfig.parse(c) for c in f.configs]
     with tempfile.TemporaryDirectory() as d:
-        manifest = dump_ttir(configs, [int(x) for x in f.q], num_s=f.streams, ctx=f.ctx, heads=f.heads,
-                             dk=f.dk, v_dim=f.v_dim, out_dir=d)
+        if f.kernel == "mla":
+            from pallas_kernels.mla_attention.pallas_triton import BlockConfig
+            manifest = dump_mla([BlockConfig.parse(c) for c in f.configs], [int(x) for x in f.q],
+                                num_s=f.streams, ctx=f.ctx, heads=f.heads, dk=f.dk, v_dim=f.v_dim, out_dir=d)
+            head = (f"MLA ctx={f.ctx} S={f.streams} H={f.heads} Dk={f.dk} v_dim={f.v_dim}, sm_90a", "Q")
+        else:
+            from experiments.kernel_bench import parse_variants
+            manifest = dump_moe([int(x) for x in f.moe_tokens], parse_variants(f.moe_variants), out_dir=d)
+            head = ("INT4 MoE, K2 layer (E=384, d=7168, I=2048, top-8), sm_90a", "T")
         json.dump(manifest, open(f"{d}/manifest.json", "w"))
         out = subprocess.run([f.triton_python, os.path.abspath(__file__), "--compile_worker",
                               f"{d}/manifest.json"], capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"compile worker failed:\n{out.stderr[-3000:]}")
     stats = {r["key"]: r for r in map(json.loads, out.stdout.splitlines())}
-    print(f"ctx={f.ctx} S={f.streams} H={f.heads} Dk={f.dk} v_dim={f.v_dim}, sm_90a")
-    print("| config | Q | splits | regs | spill st/ld B | smem B | MMA |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(head[0])
+    print(f"| config | {head[1]} | splits | regs | spill st/ld B | smem B | MMA | loop instr | top loop opcodes |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---|")
     for m in manifest:
         r = stats[m["key"]]
         if "error" in r:
-            print(f"| {m['config']} | {m['q']} | {m['splits']} | ERROR {r['error']} | | | |")
+            print(f"| {m['config']} | {m['q']} | {m['splits']} | ERROR {r['error']} | | | | | |")
             continue
         mma = f"wgmma x{r['wgmma']}" if r["wgmma"] else f"mma.sync x{r['mma']}"
+        top = " ".join(f"{k}:{v}" for k, v in list(r["loop_ops"].items())[:8])
         print(f"| {m['config']} | {m['q']} | {m['splits']} | {r['regs']} | {r['spill_st']}/{r['spill_ld']} | "
-              f"{r['smem']} | {mma} |")
+              f"{r['smem']} | {mma} | {r['loop']} | {top} |")
 
 
 if __name__ == "__main__":
@@ -125,13 +242,17 @@ if __name__ == "__main__":
     else:
         from absl import app, flags
 
-        flags.DEFINE_list("configs", ["32x64x4x2"], "BlockConfigs, BMxBNxWARPSxSTAGES[vV_SPLIT]")
-        flags.DEFINE_list("q", ["16", "64", "256"], "new tokens per stream")
-        flags.DEFINE_integer("streams", 8, "streams S (sets the split count, as in the benchmark)")
-        flags.DEFINE_integer("ctx", 8192, "context length")
-        flags.DEFINE_integer("heads", 64, "query heads H")
-        flags.DEFINE_integer("dk", 576, "latent width (kv_lora + rope)")
-        flags.DEFINE_integer("v_dim", 512, "value width (kv_lora)")
+        flags.DEFINE_enum("kernel", "mla", ["mla", "moe"], "which Pallas:Triton kernel to compile")
+        flags.DEFINE_list("configs", ["32x64x4x2"], "mla: BlockConfigs, BMxBNxWARPSxSTAGES[vV_SPLIT][d]")
+        flags.DEFINE_list("q", ["16", "64", "256"], "mla: new tokens per stream")
+        flags.DEFINE_integer("streams", 8, "mla: streams S (sets the split count, as in the benchmark)")
+        flags.DEFINE_integer("ctx", 8192, "mla: context length")
+        flags.DEFINE_integer("heads", 64, "mla: query heads H")
+        flags.DEFINE_integer("dk", 576, "mla: latent width (kv_lora + rope)")
+        flags.DEFINE_integer("v_dim", 512, "mla: value width (kv_lora)")
+        flags.DEFINE_list("moe_tokens", ["16", "64", "256"], "moe: token counts T (each uses its tuned config)")
+        flags.DEFINE_string("moe_variants", "", "moe: option sets on top of the tuned config, as "
+                            "kernel_bench.py --variants ('f=v,f=v;f=v')")
         flags.DEFINE_string("triton_python", None, "a Python with a pip Triton (not the project's venv)")
         flags.mark_flag_as_required("triton_python")
         app.run(main)
