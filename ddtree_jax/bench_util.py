@@ -8,6 +8,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import tempfile
 import time
 from typing import Callable, Sequence
@@ -124,6 +125,72 @@ def kernel_summary(kernels: Sequence[dict], per: int, top: int = 8) -> dict:
     return dict(busy_us=intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in kernels]) / per,
                 kernels=len(kernels) / per,
                 top=[dict(name=n, count=c / per, us=t / per) for n, (c, t) in ranked])
+
+
+STAGES = ("draft", "tree", "verify", "accept")    # engine.speculative_step's named scopes
+_HLO_KERNEL = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = .*?\b(fusion|custom-call)\(')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_SKIP_SEGMENT = re.compile(r"^(jit\(.*\)|while|body|cond|closed_call|checkpoint|remat|pallas_call)$")
+
+
+def hlo_kernel_scopes(hlo_text: str) -> dict[str, str]:
+    """Optimised HLO text (a compiled executable's `as_text()`) -> {kernel name as a profiler trace
+    shows it: source scope}. A fusion's kernel carries its instruction's name with '.' as '_'; a
+    Pallas call's kernel its own name (backend_config `name`). The scope is the op's name stack
+    (a fusion without one: its fused computation's root, else first, op that has one) without
+    jit(...), loop and pallas_call segments, layer indices as layers_*, e.g.
+    "verify/Decoder/layers_*/self_attn/q_a_proj/dot_general"."""
+    comp_op, comp, first = {}, None, None
+    for line in hlo_text.splitlines():          # the op name of each computation's root / first op
+        head = re.match(r"^%?([\w.\-]+) .*\{$", line)
+        if head:
+            comp, first = head.group(1), None
+            continue
+        op = _OP_NAME.search(line)
+        if comp and op:
+            if line.lstrip().startswith("ROOT"):
+                comp_op[comp] = op.group(1)
+            elif first is None:
+                first = comp_op.setdefault(comp, op.group(1))
+    scopes = {}
+    for line in hlo_text.splitlines():
+        m = _HLO_KERNEL.match(line)
+        if not m:
+            continue
+        op = _OP_NAME.search(line)
+        called = re.search(r"calls=%?([\w.\-]+)", line)
+        op_name = op.group(1) if op else comp_op.get(called.group(1)) if called else None
+        if op_name is None:
+            continue
+        kernel = re.search(r'\bname = "([^"]+)"', line) if m.group(2) == "custom-call" else None
+        name = kernel.group(1) if kernel else m.group(1).replace(".", "_")
+        parts = [p for p in op_name.split("/") if not _SKIP_SEGMENT.match(p)]
+        scopes.setdefault(name, re.sub(r"layers_\d+", "layers_*", "/".join(parts)))
+    return scopes
+
+
+def scope_summary(kernels: Sequence[dict], per: int, scopes: dict[str, str], depth: int = 4,
+                  top: int = 20) -> dict:
+    """Kernel events of `per` calls split by source scope (from `hlo_kernel_scopes`), per call:
+    stages {stage: {kernels, us}} by the scope's first segment (STAGES, else "other"; kernels the
+    HLO does not name, such as copies, go to "unattributed") and the `top` scopes cut to `depth`
+    segments [{scope, kernels, us}]. us sums kernel durations (overlaps count twice)."""
+    stages = collections.defaultdict(lambda: [0, 0.0])
+    cut = collections.defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        scope = scopes.get(k["name"])
+        if scope is None:
+            stage, key = "unattributed", f"unattributed/{k['name']}"
+        else:
+            first = scope.split("/")[0]
+            stage = first if first in STAGES else "other"
+            key = "/".join(scope.split("/")[:depth]) or "(no scope)"
+        for table, name in ((stages, stage), (cut, key)):
+            table[name][0] += 1
+            table[name][1] += k["dur"]
+    ranked = sorted(cut.items(), key=lambda kv: -kv[1][1])[:top]
+    return dict(stages={n: dict(kernels=c / per, us=t / per) for n, (c, t) in stages.items()},
+                scopes=[dict(scope=n, kernels=c / per, us=t / per) for n, (c, t) in ranked])
 
 
 def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8) -> dict | None:

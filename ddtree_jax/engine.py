@@ -212,12 +212,19 @@ def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens,
 
 
 def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> EngineState:
-    """draft -> tree -> verify -> accept -> compact, for every stream at once."""
+    """draft -> tree -> verify -> accept -> compact, for every stream at once. Each stage runs in
+    a named scope of its own ("draft", "tree", "verify", "accept"), which the compiled HLO keeps in
+    its ops' metadata: experiments/step_profile.py splits a traced step's kernels by it."""
     tree = None
     if plan.method != "ar":
-        tree = stage_tree(stage_draft(tparams, dparams, state, plan), plan)
-    logits, cache, taps, tokens = stage_verify(tparams, state, tree, plan)
-    return stage_accept(dparams, state, tree, logits, cache, taps, tokens, plan)
+        with jax.named_scope("draft"):
+            draft_logits = stage_draft(tparams, dparams, state, plan)
+        with jax.named_scope("tree"):
+            tree = stage_tree(draft_logits, plan)
+    with jax.named_scope("verify"):
+        logits, cache, taps, tokens = stage_verify(tparams, state, tree, plan)
+    with jax.named_scope("accept"):
+        return stage_accept(dparams, state, tree, logits, cache, taps, tokens, plan)
 
 
 def _step_and_flag(tparams, dparams, state: EngineState, plan: Plan, steps: int = 1):

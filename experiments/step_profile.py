@@ -9,7 +9,9 @@ fused step, then time `--steps` steps under three host loops: "sync" (read the d
 step, waiting for the device), "engine" (engine.decode: read it one step behind) and "async" (never
 read it: the host only dispatches); then trace the engine loop with `jax.profiler.trace`. From the trace's device streams:
 device-busy time per step (the union of kernel intervals), kernels per step, and the kernels
-taking the most device time. busy / wall near 1 means the step is bound by its kernels; well below
+taking the most device time, and the device time split by source: per engine stage (the named
+scopes "draft", "tree", "verify", "accept") and per source scope (the kernel's op name stack in the
+compiled HLO, cut to --depth segments). busy / wall near 1 means the step is bound by its kernels; well below
 1 means the device idles between kernels (launch- or host-bound). On a CPU backend the trace holds
 no device streams and only the wall time is reported.
 """
@@ -34,7 +36,9 @@ _METHODS = flags.DEFINE_list("methods", ["ar", "dflash", "ddtree"], "engine meth
 _BUDGETS = flags.DEFINE_list("budgets", ["16", "64"], "ddtree budgets")
 _STREAMS = flags.DEFINE_list("streams", ["1", "16"], "concurrent streams")
 _STEPS = flags.DEFINE_integer("steps", 20, "steps timed and traced per point")
-_TOP = flags.DEFINE_integer("top", 8, "kernels listed per point")
+_TOP = flags.DEFINE_integer("top", 8, "kernels (and source scopes) listed per point")
+_DEPTH = flags.DEFINE_integer("depth", 4, "segments of a kernel's source scope it is grouped by, "
+                              "e.g. 4: verify/Decoder/layers_*/self_attn")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
 _OUT = flags.DEFINE_string("out", "", "write all points as JSON here")
 LOOPS = ("sync", "engine", "async")
@@ -59,6 +63,7 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
     dparams = drafter[1] if su.plan.dcfg is not None else None
     state = engine.prefill(target, drafter, su)
     step = engine._step.lower(target[1], dparams, state, su.plan).compile()
+    scopes = bench_util.hlo_kernel_scopes(step.as_text())
     walls = {}
     for loop in LOOPS:
         state = engine.prefill(target, drafter, su)
@@ -80,7 +85,8 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
     if kernels:
         k = bench_util.kernel_summary(kernels, steps, top)
         rec.update(busy_ms=k["busy_us"] / 1e3, busy_fraction=k["busy_us"] / 1e3 / rec["wall_engine_ms"],
-                   top=[dict(name=t["name"], per_step=t["count"], us_per_step=t["us"]) for t in k["top"]])
+                   top=[dict(name=t["name"], per_step=t["count"], us_per_step=t["us"]) for t in k["top"]],
+                   **bench_util.scope_summary(kernels, steps, scopes, depth=_DEPTH.value, top=_TOP.value))
     return rec
 
 
@@ -111,6 +117,16 @@ def main(argv):
               f"{r['wall_engine_ms']:.3f} | {r['wall_async_ms']:.3f} | "
               f"{r.get('busy_ms', float('nan')):.3f} | {r.get('busy_fraction', float('nan')):.2f} | "
               f"{r['kernels_per_step']:.0f} |")
+    for r in recs:
+        if "stages" not in r:
+            continue
+        print(f"\n{r['method']} {r['budget'] or ''} S={r['streams']}: device time per step by stage "
+              f"(engine named scopes) and by source scope")
+        print("| stage or scope | kernels/step | us/step |\n|---|---:|---:|")
+        for name, v in sorted(r["stages"].items(), key=lambda kv: -kv[1]["us"]):
+            print(f"| **{name}** | {v['kernels']:.1f} | {v['us']:.1f} |")
+        for v in r["scopes"]:
+            print(f"| {v['scope']} | {v['kernels']:.1f} | {v['us']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -88,3 +88,36 @@ def test_median_seconds_and_table():
         bench_util.median_seconds(lambda: 0, reps=0)
     table = bench_util.markdown_table([dict(a=1.23456, b=None)], ["a", "b"])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.23 |  |"]
+
+
+_HLO = '''
+  %input_transpose_fusion.2 = bf16[1,4,65,80]{3,2,1,0} fusion(%a, %b), kind=kInput, calls=%fused_transpose.4, metadata={op_name="jit(_step_and_flag)/while/body/closed_call/verify/jit(_apply)/Decoder/layers_3/self_attn/concatenate" scheduling_name="x"}
+  %pallas_call.9 = (f32[15,64]{1,0}) custom-call(%c), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(_step_and_flag)/tree/jit(_build)/jit(search)/pallas_call"}, backend_config={debug = false, name = "_search_kernel", num_warps = 4 : i32}
+  ROOT %fusion.7 = f32[8]{0} fusion(%d), kind=kLoop, calls=%fused_computation.7, metadata={op_name="jit(_step_and_flag)/accept/jit(_where)/select_n"}
+  %wrapped_concatenate.4 = bf16[256,208]{1,0} fusion(%e, %f), kind=kLoop, calls=%wrapped_concatenate_computation.4, metadata={scheduling_name="wrapped_concatenate.4"}
+  %add.3 = f32[8]{0} add(%g, %h), metadata={op_name="jit(_step_and_flag)/accept/add"}
+  %fusion.649 = bf16[1,16,4,32]{3,2,1,0} fusion(%i), kind=kCustom, calls=%fused_computation.536, metadata={deduplicated_name="fusion.649"}
+%fused_computation.536 (param_0.1: f32[16]) -> bf16[16] {
+  %param_0.1 = f32[16]{0} parameter(0)
+  %multiply.1 = f32[16]{0} multiply(%param_0.1, %param_0.1), metadata={op_name="jit(_step_and_flag)/draft/DFlashDrafter/layers_1/self_attn/q_norm/mul"}
+  ROOT %convert.2 = bf16[16]{0} convert(%multiply.1), metadata={op_name="jit(_step_and_flag)/draft/DFlashDrafter/layers_1/self_attn/q_norm/convert_element_type"}
+}
+'''
+
+
+def test_hlo_kernel_scopes_and_scope_summary():
+    scopes = bench_util.hlo_kernel_scopes(_HLO)
+    assert scopes == {"input_transpose_fusion_2": "verify/Decoder/layers_*/self_attn/concatenate",
+                      "_search_kernel": "tree", "fusion_7": "accept/select_n",
+                      "fusion_649": "draft/DFlashDrafter/layers_*/self_attn/q_norm/convert_element_type"}
+    kernels = [dict(name="input_transpose_fusion_2", ts=0.0, dur=9.0),
+               dict(name="input_transpose_fusion_2", ts=9.0, dur=8.0),
+               dict(name="_search_kernel", ts=20.0, dur=15.0), dict(name="fusion_7", ts=40.0, dur=1.0),
+               dict(name="wrapped_concatenate_4", ts=41.0, dur=2.0)]
+    s = bench_util.scope_summary(kernels, per=1, scopes=scopes, depth=3)
+    assert s["stages"] == {"verify": dict(kernels=2, us=17.0), "tree": dict(kernels=1, us=15.0),
+                           "accept": dict(kernels=1, us=1.0),
+                           "unattributed": dict(kernels=1, us=2.0)}
+    assert s["scopes"][0] == dict(scope="verify/Decoder/layers_*", kernels=2, us=17.0)
+    assert [v["scope"] for v in s["scopes"][1:]] == ["tree", "unattributed/wrapped_concatenate_4",
+                                                      "accept/select_n"]
