@@ -209,18 +209,21 @@ def vocab_embed(table, tokens):
         table, tokens)
 
 
-def attention(fn: Callable, q, kv, lengths, node_mask, heads_first: bool = False):
-    """fn(q [S,Q,H,Dk], kv [S,N,Dk], lengths [S], node_mask [S,Q,W]) -> [S,Q,H,Dv] (the
-    "mla_attention" op, scale and v_dim bound), run per (stream, head) shard under a mesh;
-    heads_first: q and the output are [S,H,Q,.]."""
+def attention(fn: Callable, q, kv, lengths, node_mask, heads_first: bool = False, q_rope=None):
+    """fn(q [S,Q,H,Dk], kv [S,N,Dk], lengths [S], node_mask [S,Q,W], q_rope=..) -> [S,Q,H,Dv]
+    (the "mla_attention" op, scale and v_dim bound), run per (stream, head) shard under a mesh;
+    heads_first: q and the output are [S,H,Q,.]; q_rope (optional, q's layout): the query's rope
+    part given apart from its latent part q."""
     mesh = _current_mesh()
     axes = ("streams", "heads", None, None) if heads_first else ("streams", None, "heads", None)
     qspec = spec(axes, q.shape, mesh)
+    call = lambda q_, kv_, lens_, mask_, rope_: fn(q_, kv_, lens_, mask_, q_rope=rope_)
     if mesh is None or qspec == P(None, None, None, None):
-        return fn(q, kv, lengths, node_mask)
+        return call(q, kv, lengths, node_mask, q_rope)
     s = qspec[0]
-    return jax.shard_map(fn, in_specs=(qspec, P(s, None, None), P(s), P(s, None, None)),
-                         out_specs=qspec, check_vma=False)(q, kv, lengths, node_mask)
+    return jax.shard_map(call, in_specs=(qspec, P(s, None, None), P(s), P(s, None, None),
+                                         None if q_rope is None else qspec),
+                         out_specs=qspec, check_vma=False)(q, kv, lengths, node_mask, q_rope)
 
 
 def moe_experts(fn: Callable, x, topk_ids, topk_weights, experts):

@@ -83,6 +83,48 @@ def test_heads_first_layout(impl, case):
     assert_close(out.swapaxes(1, 2), ref, TOL[dtype], f"{impl}/{case}/heads_first")
 
 
+@pytest.mark.parametrize("impl", runnable_impls("mla_attention"))
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_rope_part_given_apart(impl, heads_first):
+    """q_rope: the latent part in q and the rope part in q_rope give the golden of their
+    concatenation (the model passes them apart so no [.., Dk] query is written)."""
+    num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype = CASES["two_words_bf16"]
+    q, kv, ctx_lens, node_mask, _ = make_case(5, num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype)
+    lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
+    out = mla_attention(lay(q[..., :v_dim]), kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim, impl=impl,
+                        heads_first=heads_first, q_rope=lay(q[..., v_dim:]))
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim)
+    assert_close(lay(out), ref, TOL[dtype], f"{impl}/q_rope/heads_first={heads_first}")
+    whole = mla_attention(lay(q), kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim, impl=impl,
+                          heads_first=heads_first)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(whole))   # same values, same math
+
+
+def test_pallas_rope_apart_poisoned_splits():
+    """q_rope through several context splits and a v_split into NaN-poisoned buffers."""
+    q, kv, ctx_lens, node_mask, _ = make_case(13, 2, 21, 3, 24, 16, 120, [90, 0], ["random", "star"],
+                                              jnp.float32)
+    for cfg in (pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=3),
+                pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=2, v_split=2)):
+        out = pallas_triton.mla_attention_pallas(q[..., :16], kv, ctx_lens, node_mask, scale=0.2, v_dim=16,
+                                                 config=cfg, poison=True, q_rope=q[..., 16:])
+        ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=16)
+        assert_close(out, ref, TOL[jnp.float32], f"pallas q_rope {cfg.name} splits {cfg.num_splits}")
+
+
+def test_rope_part_bad_shapes():
+    q, kv = jnp.zeros((1, 3, 2, 8)), jnp.zeros((1, 10, 12))
+    lens, mask = jnp.zeros((1,), jnp.int32), jnp.zeros((1, 3, 1), jnp.int32)
+    with pytest.raises(ValueError, match="latent part"):
+        mla_attention(q, kv, lens, mask, scale=1.0, v_dim=4, q_rope=jnp.zeros((1, 3, 2, 4)))
+    with pytest.raises(ValueError, match="q_rope must be"):
+        mla_attention(q, kv, lens, mask, scale=1.0, v_dim=8, q_rope=jnp.zeros((1, 3, 1, 4)))
+    with pytest.raises(ValueError, match="q_rope must be"):
+        mla_attention(q, kv, lens, mask, scale=1.0, v_dim=8, q_rope=jnp.zeros((1, 3, 2, 4), jnp.bfloat16))
+    with pytest.raises(ValueError, match="kv must be"):
+        mla_attention(q, kv, lens, mask, scale=1.0, v_dim=8, q_rope=jnp.zeros((1, 3, 2, 2)))
+
+
 def test_pallas_heads_first_poisoned_splits():
     """heads_first through several context splits (the XLA combine) into NaN-poisoned buffers."""
     q, kv, ctx_lens, node_mask, _ = make_case(11, 2, 37, 3, 24, 16, 120, [83, 5], ["bushy", "chain"],

@@ -52,10 +52,19 @@ def _concrete(x):
         return None
 
 
-def _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first=False) -> None:
+def _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first=False, q_rope=None) -> None:
+    lead = 'H, Q' if heads_first else 'Q, H'
     if q.ndim != 4:
-        raise ValueError(f"q must be [S, {'H, Q' if heads_first else 'Q, H'}, Dk]; got shape {q.shape}")
+        raise ValueError(f"q must be [S, {lead}, Dk]; got shape {q.shape}")
     num_s, num_q, dk = q.shape[0], q.shape[2 if heads_first else 1], q.shape[3]
+    if q_rope is not None:
+        if q.shape[3] != v_dim:
+            raise ValueError(f"with q_rope, q must hold only the latent part [S, {lead}, v_dim={v_dim}]; "
+                             f"got shape {q.shape}")
+        if q_rope.ndim != 4 or q_rope.shape[:3] != q.shape[:3] or q_rope.dtype != q.dtype:
+            raise ValueError(f"q_rope must be {q.dtype} [S, {lead}, Dk - v_dim] = {q.shape[:3]} + (R,); "
+                             f"got {q_rope.dtype}{q_rope.shape}")
+        dk = v_dim + q_rope.shape[3]
     if kv.ndim != 3 or kv.shape[0] != num_s or kv.shape[2] != dk:
         raise ValueError(f"kv must be [S={num_s}, N, Dk={dk}]; got shape {kv.shape}")
     if kv.shape[1] < num_q:
@@ -76,12 +85,16 @@ def _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first=False) -> No
 
 
 def mla_attention(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, impl: str = "auto",
-                  heads_first: bool = False) -> jax.Array:
+                  heads_first: bool = False, q_rope=None) -> jax.Array:
     """Tree-verify attention: q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32,
     node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] in q.dtype (softmax in float32).
-    heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim], the layout of a per-head batched matmul's output."""
+    heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim], the layout of a per-head batched matmul's output.
+    q_rope: the query's rope part [S,Q,H,Dk-v_dim] (heads_first: [S,H,Q,.]) given on its own, q
+    then holding only the latent part [.., v_dim]: the absorbed model computes the two apart, and
+    passing them so writes no concatenated [.., Dk] query."""
     q, kv, ctx_lens, node_mask = map(jnp.asarray, (q, kv, ctx_lens, node_mask))
-    _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first)
+    q_rope = None if q_rope is None else jnp.asarray(q_rope)
+    _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first, q_rope)
     fn = registry.get("mla_attention", impl)
     return fn(q, kv, ctx_lens.astype(jnp.int32), node_mask, scale=float(scale), v_dim=int(v_dim),
-              heads_first=bool(heads_first))
+              heads_first=bool(heads_first), q_rope=q_rope)

@@ -113,8 +113,8 @@ def _update_deferred(carry, s, v):
     return m_new, l * alpha + p.sum(axis=1), acc * alpha[:, None], p.astype(v.dtype), v
 
 
-def _kernel(ctx_ref, q_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, num_q, rows,
-            num_slots, block_m, block_n, split_len, num_splits, v_split, defer_pv):
+def _kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, rope_col, num_q,
+            rows, num_slots, block_m, block_n, split_len, num_splits, v_split, defer_pv):
     if v_split == 1:
         blk, vc = pl.program_id(0), 0
     else:
@@ -127,7 +127,7 @@ def _kernel(ctx_ref, q_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, num
     row_ok = r0 + jnp.arange(block_m) < rows
     q_lat = [plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(c, vw)], mask=row_ok[:, None], other=0)
              for c in cols]
-    q_pe = plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(v_dim, rope)], mask=row_ok[:, None], other=0)
+    q_pe = plgpu.load(qr_ref.at[pl.ds(r0, block_m), pl.ds(rope_col, rope)], mask=row_ok[:, None], other=0)
 
     def scores(start, key_ok, n):
         """Scaled scores [block_m, n] of keys start..start+n, and their own V chunk [n, vw]."""
@@ -203,17 +203,21 @@ def _combine(acc, m, l):
 @functools.partial(jax.jit, static_argnames=("scale", "v_dim", "config", "poison", "heads_first"))
 def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                          config: BlockConfig = BlockConfig(), poison: bool = False,
-                         heads_first: bool = False) -> jax.Array:
+                         heads_first: bool = False, q_rope=None) -> jax.Array:
     """q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32, node_mask [S,Q,W] int32 -> [S,Q,H,v_dim].
 
     heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim] (rows ordered (head, node); the layout a batched
-    per-head matmul produces, so the caller needs no transpose). poison=True hands the kernel
-    NaN-filled output buffers (aliased), so unwritten rows show.
+    per-head matmul produces, so the caller needs no transpose). q_rope: the rope part
+    [.., Dk - v_dim] as its own input, q holding the latent part [.., v_dim] (the kernel reads the
+    two parts with separate loads either way). poison=True hands the kernel NaN-filled output
+    buffers (aliased), so unwritten rows show.
     """
     if heads_first:
         num_s, num_h, num_q, dk = q.shape
     else:
         num_s, num_q, num_h, dk = q.shape
+    if q_rope is not None:
+        dk = q.shape[-1] + q_rope.shape[-1]
     num_slots = kv.shape[1]
     rope = dk - v_dim
     if not (_is_pow2(v_dim) and _is_pow2(rope)):
@@ -236,8 +240,11 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
 
     grid = (-(-rows // bm) * vs, splits, num_s)
     stream = lambda b, p, s: (s, 0, 0)
+    q_rows = q.reshape(num_s, rows, q.shape[-1])
+    qr_rows = q_rows if q_rope is None else q_rope.reshape(num_s, rows, rope)
     in_specs = [pl.BlockSpec((None,), lambda b, p, s: (s,)),
-                pl.BlockSpec((None, rows, dk), stream),
+                pl.BlockSpec((None, rows, q_rows.shape[-1]), stream),
+                pl.BlockSpec((None, rows, qr_rows.shape[-1]), stream),
                 pl.BlockSpec((None, num_slots, dk), stream),
                 pl.BlockSpec((None, row_mask.shape[1], rows), stream)]
     if splits == 1:
@@ -250,14 +257,14 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         out_specs = [pl.BlockSpec((None, None, rows, v_dim), lambda b, p, s: (s, p, 0, 0)),
                      pl.BlockSpec((None, None, None, rows), lambda b, p, s: (s, p, b % vs, 0)),
                      pl.BlockSpec((None, None, None, rows), lambda b, p, s: (s, p, b % vs, 0))]
-    args = [ctx_lens, q.reshape(num_s, rows, dk), kv, row_mask]
+    args = [ctx_lens, q_rows, qr_rows, kv, row_mask]
     aliases = {}
     if poison:
         aliases = {len(args) + i: i for i in range(len(out_shape))}
         args += [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape]
         in_specs += out_specs
     kernel = functools.partial(
-        _kernel, scale=scale, v_dim=v_dim, rope=rope, num_q=num_q, rows=rows, num_slots=num_slots,
+        _kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=v_dim if q_rope is None else 0, num_q=num_q, rows=rows, num_slots=num_slots,
         block_m=bm, block_n=bn, split_len=split_len, num_splits=splits, v_split=vs,
         defer_pv=config.defer_pv)
     if poison:
@@ -275,12 +282,12 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
 def _drop_aliased_inputs(kernel, n):
     """The poison buffers arrive as the last n inputs; the kernel writes their aliased outputs."""
     def wrapped(*refs):
-        return kernel(*refs[:4], *refs[4 + n:])
+        return kernel(*refs[:5], *refs[5 + n:])
     return wrapped
 
 
 @registry.register("mla_attention", "pallas_triton")
 def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                heads_first: bool = False) -> jax.Array:
+                heads_first: bool = False, q_rope=None) -> jax.Array:
     return mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
-                                heads_first=heads_first)
+                                heads_first=heads_first, q_rope=q_rope)
