@@ -7,7 +7,8 @@ x temperature, on the shipped target + drafter pair (or a random tiny pair).
 
 Per point: tau, tokens/s (median of `timing_reps` decodes; `steps_per_call` engine steps per
 dispatch; with `requests` > 0, `requests` prompts served through `streams` slots by continuous
-batching, ddtree_jax.serving), speedup over ar at the same streams and temperature, the step-time
+batching, ddtree_jax.serving), speedup over ar at the same streams and temperature (ar at its own
+`ar_steps_per_call` when set: the baseline at its best dispatch setting), the step-time
 breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
 (flushed and fsynced); a restart with the same config skips the points already there. At the end:
 a summary table on stdout and <out_dir>/sweep_T<temperature>.png per temperature.
@@ -63,13 +64,19 @@ def grid(cfg, pair_id: str) -> list[dict]:
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
                         requests=cfg.requests)
-            methods = [("ar", None)] + [(m, None) for m in ("dflash",) if m in cfg.methods]
+            methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
                 methods += [("ddtree", int(b)) for b in cfg.budgets]
             if "ddtree-auto" in cfg.methods:
                 methods.append(("ddtree-auto", None))
+            points.append(dict(base, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
             points += [dict(base, method=m, budget=b) for m, b in methods]
     return points
+
+
+def ar_steps_per_call(cfg) -> int:
+    """Engine steps per dispatch for the ar baseline: cfg.ar_steps_per_call, else steps_per_call."""
+    return int(cfg.get("ar_steps_per_call", 0) or cfg.steps_per_call)
 
 
 def _batches(prompts, streams: int, batches: int):
@@ -144,7 +151,7 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
     rec = dict(p, key=sweep_io.point_key(p), **extra,
                **_generate(target, drafter, prompts, batches, p, budget, cfg))
     rec["budget"] = budget if p["method"].startswith("ddtree") else None
-    ar = log.records.get(_group(p, method="ar", budget=None))
+    ar = log.records.get(_group(p, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
     base = rec["tokens_per_second"] if p["method"] == "ar" else (ar or {}).get("tokens_per_second")
     rec.update(speedup=rec["tokens_per_second"] / base if base else None,
                backend=jax.default_backend(), wall_seconds=time.perf_counter() - t0,

@@ -126,6 +126,23 @@ def test_auto_point_uses_the_groups_step_times(tmp_path):
     assert rec["key"] == sweep_io.point_key(points[3])
 
 
+def test_ar_baseline_runs_at_its_own_steps_per_call(tmp_path):
+    """ar_steps_per_call gives the baseline its own dispatch setting, and speedups divide by it."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), "", methods=("ar", "ddtree"), budgets=(2,)))
+    cfg.steps_per_call, cfg.ar_steps_per_call = 2, 3
+    target, drafter, prompts, pair = sweep.load_pair(cfg)
+    points = sweep.grid(cfg, pair)
+    assert [(p["method"], p["steps_per_call"]) for p in points] == [("ar", 3), ("ddtree", 2)]
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    log.append(dict(points[0], key=sweep_io.point_key(points[0]), tokens_per_second=1.0))
+    rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
+    assert rec["speedup"] == pytest.approx(rec["tokens_per_second"])
+    assert "| ddtree | 2 | 2 |" in sweep_io.summary_table([rec])
+    assert _load_config("sweep_h200").ar_steps_per_call == 8
+
+
 @pytest.mark.parametrize("name", [os.path.basename(p)[:-3] for p in
                                   sorted(glob.glob(os.path.join(ROOT, "configs", "sweep_*.py")))])
 def test_sweep_configs_hold_their_command(name):
