@@ -9,8 +9,9 @@ recorded into CUDA graphs as well) is
     --config.xla_flags="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,\
 DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 
-and `--config.xla_flags=--xla_gpu_command_buffer_update_mode=SKIP_TEMP` took 0.1 ms off each call's
-host dispatch and ~1.7% off the 1-stream ddtree decode (BENCHMARKS.md, session 8).
+and `--config.xla_flags=--xla_gpu_command_buffer_update_mode=SKIP_TEMP` made the all-prompts 1-stream
+decodes 5-9% (ddtree) and 2.5% (ar) faster, with no change at 4 and 16 streams (BENCHMARKS.md,
+session 10).
 
     python experiments/speculative_sweep.py --config=configs/sweep_h200.py
 """
