@@ -115,6 +115,8 @@ def _update_deferred(carry, s, v):
 
 def _kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, rope_col, num_q,
             rows, num_slots, block_m, block_n, split_len, num_splits, v_split, defer_pv):
+    # q_ref holds the latent part in columns [0, v_dim); qr_ref the rope part in [rope_col,
+    # rope_col + rope): q_ref itself (rope_col = v_dim) or the separate q_rope (rope_col = 0).
     if v_split == 1:
         blk, vc = pl.program_id(0), 0
     else:
@@ -264,9 +266,9 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         args += [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape]
         in_specs += out_specs
     kernel = functools.partial(
-        _kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=v_dim if q_rope is None else 0, num_q=num_q, rows=rows, num_slots=num_slots,
-        block_m=bm, block_n=bn, split_len=split_len, num_splits=splits, v_split=vs,
-        defer_pv=config.defer_pv)
+        _kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=v_dim if q_rope is None else 0,
+        num_q=num_q, rows=rows, num_slots=num_slots, block_m=bm, block_n=bn, split_len=split_len,
+        num_splits=splits, v_split=vs, defer_pv=config.defer_pv)
     if poison:
         kernel = _drop_aliased_inputs(kernel, len(out_shape))
     outs = pl.pallas_call(
