@@ -11,9 +11,11 @@ Per step, entirely on the device (one jitted function, state buffers donated):
   compact the accepted nodes' latent-cache entries move to contiguous slots and their taps join the
           drafter's context; rejected entries are dropped by the lengths.
 Under `jax.set_mesh(mesh)` (ddtree_jax.sharding) the same step runs sharded and `shard_state` keeps
-the state's layout from step to step. The host loop (`decode`) reads how many tokens each stream has
-left, a few steps behind the device without making it wait, and stops dispatching once the steps
-in flight should finish every stream.
+the state's layout from step to step. A decode runs either on the device (`_decode_on_device`: one
+call, the device checks every few steps whether a stream has tokens left) or from the host
+(`decode`: the host reads how many tokens each stream has left, a few steps behind the device
+without making it wait, and stops dispatching once the steps in flight should finish every
+stream; for ar without stop tokens it dispatches the known steps and reads nothing).
 Stage times come from the same stage functions jitted one by one and timed on a snapshot of the
 final state.
 """
@@ -40,6 +42,7 @@ from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.sampling import Sampling, choose
 
 METHODS = ("ar", "dflash", "ddtree")
+DECODE_LOOPS = ("auto", "host", "device")
 
 
 @flax.struct.dataclass
@@ -96,6 +99,7 @@ class GenerateResult:
     compile_seconds: float
     request_seconds: list | None = None   # `serve` only: per request, admission to its result
     device_steps: int = 0        # steps the device ran, including those after every stream was done
+    decode_loop: str = ""        # the loop that ran the decode: "host" or "device" (`decode_loop_for`)
 
 
 def shard_state(state: EngineState) -> EngineState:
@@ -248,6 +252,28 @@ def tokens_left(state: EngineState) -> jnp.ndarray:
 _step = jax.jit(_step_and_flag, static_argnames=("plan", "steps"), donate_argnames=("state",))
 
 
+def _decode_on_device(tparams, dparams, state: EngineState, plan: Plan, steps: int, max_iters: int):
+    """A whole decode as one call -> (final state, left [S]): `steps`-step loops (as `_step`)
+    repeated while some stream has tokens left, at most `max_iters` times. The device checks the
+    counts itself every `steps` steps, so there is one dispatch per decode and at most `steps` - 1
+    steps run after the last stream is done; each check is a data-dependent loop condition, which
+    XLA reads back on the host unless while loops are recorded into CUDA graphs."""
+    def more(carry):
+        s, i = carry
+        return (i < max_iters) & jnp.any(tokens_left(s) > 0)
+
+    def body(carry):
+        s, i = carry
+        return _step_and_flag(tparams, dparams, s, plan, steps)[0], i + 1
+
+    state, _ = jax.lax.while_loop(more, body, (state, jnp.zeros((), jnp.int32)))
+    return state, tokens_left(state)
+
+
+_decode_all = jax.jit(_decode_on_device, static_argnames=("plan", "steps", "max_iters"),
+                      donate_argnames=("state",))
+
+
 # ---- prefill -----------------------------------------------------------------------------------
 
 @functools.partial(jax.jit, static_argnames=("plan", "max_len", "max_out", "max_steps"))
@@ -348,7 +374,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
              topk_impl: str = "auto", stage_reps: int = 3, warmup: bool = True,
-             steps_per_call: int = 1, timing_reps: int = 1) -> GenerateResult:
+             steps_per_call: int = 1, timing_reps: int = 1,
+             decode_loop: str = "auto") -> GenerateResult:
     """Speculative (or plain autoregressive) generation for S streams with their own prompts.
 
     target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one token list per
@@ -360,8 +387,11 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
     steps_per_call: engine steps per dispatch of the compiled step (see `decode`). timing_reps:
     decode this many times from copies of the prefilled state; tokens/s uses the median time
-    (every decode is the same computation and yields the same tokens).
+    (every decode is the same computation and yields the same tokens). decode_loop: see
+    `decode_loop_for`; every loop yields the same tokens.
     """
+    if decode_loop not in DECODE_LOOPS:
+        raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {decode_loop!r}")
     if not isinstance(steps_per_call, (int, np.integer)) or steps_per_call < 1:
         raise ValueError(f"steps_per_call must be an int >= 1, got {steps_per_call!r}")
     if not isinstance(timing_reps, (int, np.integer)) or timing_reps < 1:
@@ -377,7 +407,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     prefill_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    step = _step.lower(tparams, dparams, state, plan, steps_per_call).compile()
+    loop = decode_loop_for(plan, decode_loop)
+    step = compile_decode(tparams, dparams, state, su, steps_per_call, loop)
     compile_s = time.perf_counter() - t0
     copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
     stage_state = copy(state) if stage_reps else None
@@ -388,9 +419,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         state = prefilled if rep == timing_reps - 1 else copy(prefilled)
         jax.block_until_ready(state)
         t0 = time.perf_counter()
-        state = decode(step, tparams, dparams, state, -(-su.max_steps // steps_per_call),
-                       max_lag=max(1, 3 // steps_per_call), steps_per_call=steps_per_call,
-                       pace=steps_per_call > 1)
+        state = run_decode(step, tparams, dparams, state, su, steps_per_call, loop)
         state.out_len.block_until_ready()
         times.append(time.perf_counter() - t0)
     decode_s = float(np.median(times))
@@ -410,11 +439,64 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         stage_times=(stage_times(tparams, dparams, stage_state, plan, stage_reps, steps_per_call)
                      if stage_reps else {}),
         steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s,
-        device_steps=int(state.step))
+        device_steps=int(state.step), decode_loop=loop)
+
+
+def decode_loop_for(plan: Plan, decode_loop: str = "auto") -> str:
+    """The decode loop a generate call runs: "host" (the host dispatches `steps_per_call`-step
+    calls of `_step`: `decode`) or "device" (one call of `_decode_on_device` runs the whole decode,
+    checking every `steps_per_call` steps whether a stream has tokens left). "auto": "host" for ar
+    without stop tokens, whose step count is known before it starts (the host dispatches exactly
+    those calls and reads nothing), "device" otherwise. On an H200 one read of a device array costs
+    the host ~0.2 ms, more than half an ar step (BENCHMARKS.md, session 11)."""
+    if decode_loop not in DECODE_LOOPS:
+        raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {decode_loop!r}")
+    if decode_loop == "auto":
+        return "host" if known_steps(plan, np.zeros(1, np.int32)) is not None else "device"
+    return decode_loop
+
+
+def initial_left(su: Setup) -> np.ndarray:
+    """[S] tokens each stream may emit after the prefill's first token, from the host's own
+    inputs (no device read): max_new - 1. A stream whose first token is a stop token is done
+    already, which only the device knows; this counts it as active."""
+    return (su.max_new - 1).astype(np.int32)
+
+
+def known_steps(plan: Plan, left0: np.ndarray) -> int | None:
+    """Steps that finish every stream when that is known before the decode starts (ar without
+    stop tokens emits exactly one token per step: the most tokens any stream has left), else
+    None."""
+    return int(np.max(left0, initial=0)) if plan.method == "ar" and not plan.stop_tokens else None
+
+
+def compile_decode(tparams, dparams, state: EngineState, su: Setup, steps_per_call: int,
+                   loop: str):
+    """The compiled call that one decode of `loop` ("host" or "device") dispatches."""
+    if loop == "device":
+        return _decode_all.lower(tparams, dparams, state, su.plan, steps_per_call,
+                                 -(-su.max_steps // steps_per_call)).compile()
+    return _step.lower(tparams, dparams, state, su.plan, steps_per_call).compile()
+
+
+def run_decode(call, tparams, dparams, state: EngineState, su: Setup, steps_per_call: int,
+               loop: str, pace: bool | None = None) -> EngineState:
+    """One decode from the prefilled `state` with `call` (compile_decode's), as `generate` runs
+    it: "device", the one call; "host", `decode`, told the counts before the first step and, for
+    ar without stop tokens, the exact steps, so it reads no device array at all. pace: None paces
+    only with several steps per call (see `decode`)."""
+    if loop == "device":
+        return call(tparams, dparams, state)[0]
+    left0 = initial_left(su)
+    return decode(call, tparams, dparams, state, -(-su.max_steps // steps_per_call),
+                  max_lag=max(1, 3 // steps_per_call), steps_per_call=steps_per_call,
+                  pace=steps_per_call > 1 if pace is None else pace, left0=left0,
+                  known_steps=known_steps(su.plan, left0))
 
 
 def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: int = 3,
-           steps_per_call: int = 1, pace: bool = True) -> EngineState:
+           steps_per_call: int = 1, pace: bool = True, left0: np.ndarray | None = None,
+           known_steps: int | None = None) -> EngineState:
     """The host loop: call `step` (a compiled `_step` of `steps_per_call` steps) until every
     stream is done or `max_calls` calls.
 
@@ -429,9 +511,18 @@ def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: 
     `max_lag` calls ahead to the end, as for an unknown finish; `generate` paces only with several
     steps per call: with one, the host's dispatch already sets the pace and the prediction's own
     host time showed (H200: 9-15% slower decodes at k=1, BENCHMARKS.md).
+    left0 [S]: tokens each stream has left before the first step, if the caller knows them
+    (otherwise three device reads, ~0.2 ms each on an H200). known_steps: the steps that finish
+    every stream, if known before the start (ar without stop tokens): the calls that run them are
+    dispatched and no counts are read.
     """
-    left0 = np.where(np.asarray(state.done), 0, np.asarray(state.max_new) - np.asarray(state.out_len))
+    if left0 is None:
+        left0 = np.where(np.asarray(state.done), 0, np.asarray(state.max_new) - np.asarray(state.out_len))
     if not left0.any():
+        return state
+    if known_steps is not None:
+        for _ in range(min(max_calls, -(-known_steps // steps_per_call))):
+            state, _ = step(tparams, dparams, state)
         return state
     pending = collections.deque()       # `left` of dispatched calls not yet read, oldest first
     read, left = 0, left0               # calls whose counts were read; the latest counts

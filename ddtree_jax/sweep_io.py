@@ -65,8 +65,8 @@ def read_results(path: str) -> list[dict]:
 
 def summary_table(records: Iterable[dict]) -> str:
     """Markdown table: one row per point, grouped by temperature and streams ("k": engine steps
-    per dispatch; "steps": steps in
-    which a stream was active; "device steps": steps the device ran, per batch, summed). Served
+    per dispatch, or per device-loop check, with the decode loop, "host" or "device"; "steps":
+    steps in which a stream was active; "device steps": steps the device ran, per batch, summed). Served
     points (continuous batching) add their requests, median request seconds and per-request tok/s."""
     records = list(records)
     served = any(r.get("requests") for r in records)
@@ -86,7 +86,7 @@ def summary_table(records: Iterable[dict]) -> str:
                      + (f"{r['request_p50_s']:.3f} | {r['request_tokens_per_second']:.1f}"
                         if r.get("requests") else " | "))
         rows.append(f"| {r['temperature']:g} | {r['streams']} | {r['method']} | {r['budget'] or ''} | "
-                    f"{r.get('steps_per_call', '')} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
+                    f"{r.get('steps_per_call', '')} {r.get('loop', '')} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
                     + " | ".join(ms(s) for s in STAGES)
                     + f" | {r['steps']} | {r.get('device_steps', '')}{cells} |")
     return "\n".join(rows)

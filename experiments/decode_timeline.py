@@ -2,24 +2,27 @@
 
   PYTHONPATH=. python experiments/decode_timeline.py --points=ar:0:1:8,ddtree:64:1:4 \
       --reps=15 --out=$OUT/decode_timeline.json
-  PYTHONPATH=. python experiments/decode_timeline.py --points=ar:0:1:8,ddtree:64:1:4 \
-      --batches=20 --reps=5 --out=$OUT/every_prompt.json           # each held-out prompt alone
+  PYTHONPATH=. python experiments/decode_timeline.py --points=ar:0:1:8,ddtree:64:1:2 \
+      --batches=20 --reps=5 --loops=paced,device --out=$OUT/every_prompt.json   # the goal figure
   PYTHONPATH=. python experiments/decode_timeline.py --dtype=float32 --points=ddtree:8:1:2 \
-      --max_new_tokens=16 --reps=2                                                      # CPU
+      --max_new_tokens=16 --reps=2 --loops=paced,device                                 # CPU
 
 Per point (method:budget:streams:steps_per_call) on the shipped pair and the held-out prompts, as
 `engine.generate` decodes them (prefill once, the compiled step, a warm-up call): `--reps` decodes
-with the paced host loop (engine.decode, the default) and as many without pacing (dispatching
-`max_lag` calls ahead to the end), interleaved so both see the same machine state; median wall ms,
-the steps the device ran, and the median host time to dispatch one call (the step's launches: when
-it exceeds the device time of a call, the host sets the pace). With `--batches` > 1 each point
+with each of `--loops`, interleaved so all see the same machine state: "paced" is the engine's host
+loop (engine.decode as generate runs it with decode_loop="host": for ar without stop tokens,
+exactly the known calls and no reads), "unpaced" the same without pacing (dispatching `max_lag`
+calls ahead to the end), "device" the whole decode as one call (decode_loop="device"); every loop
+must emit the same tokens. Reported: median wall ms, the steps the device ran, and the median
+host time to dispatch one call (the step's launches: when it exceeds the device time of a call,
+the host sets the pace). With `--batches` > 1 each point
 decodes that many batches of consecutive held-out prompts (one compiled step for all; e.g. every
-prompt at 1 stream with --batches=20): tokens, steps and the batches' median walls are summed. Then one traced decode per loop
-(the profiler slows the host, so its gaps are an upper bound): device-busy ms (union of kernel
+prompt at 1 stream with --batches=20): tokens, steps and the batches' median walls are summed.
+Then one traced decode per loop (the profiler slows the host, so its gaps are an upper bound): device-busy ms (union of kernel
 intervals), the device span (first kernel start to last kernel end), idle gaps inside it longer
 than `--gap_us`, and traced wall - span (the host's lead before the first kernel plus its tail
-after the last). tokens/s = tokens / wall. On a CPU backend the trace holds no device streams and only the
-wall times are reported.
+after the last). tokens/s = tokens / wall. On a CPU backend the trace holds no device streams and
+only the wall times are reported.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import ddtree_jax as dj
 from ddtree_jax import bench_util, data, engine
 
 FLAGS = flags.FLAGS
+LOOPS = ("paced", "unpaced", "device")
 
 
 def parse_point(text: str) -> tuple[str, int, int, int]:
@@ -71,53 +75,66 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
     su = sus[0]
     tparams, dparams = target[1], drafter[1] if su.plan.dcfg is not None else None
     prefilled = [engine.prefill(target, drafter, x) for x in sus]
-    step = engine._step.lower(tparams, dparams, prefilled[0], su.plan, k).compile()
     copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
-    jax.block_until_ready(step(tparams, dparams, copy(prefilled[0])))   # warm-up, as generate does
+    steps = {}   # loop -> the compiled call it dispatches
+    for loop in FLAGS.loops:
+        kind = "device" if loop == "device" else "host"
+        steps[loop] = next((steps[x] for x in steps if (x == "device") == (kind == "device")),
+                           None) or engine.compile_decode(tparams, dparams, prefilled[0], su, k, kind)
+        jax.block_until_ready(steps[loop](tparams, dparams, copy(prefilled[0])))   # warm-up
 
-    def timed_step(tp, dp, state):   # engine.decode's call, with the host's time to dispatch it
-        t0 = time.perf_counter()
-        out = step(tp, dp, state)
-        dispatch.append(time.perf_counter() - t0)
-        return out
+    def decode(loop: str, state):   # engine.run_decode, with the host's time to dispatch each call
+        def timed_step(tp, dp, s):
+            t0 = time.perf_counter()
+            out = steps[loop](tp, dp, s)
+            dispatch.append(time.perf_counter() - t0)
+            return out
 
-    def decode(pace: bool, state):
         t0 = time.perf_counter()
-        state = engine.decode(timed_step, tparams, dparams, state, -(-su.max_steps // k),
-                              max_lag=max(1, 3 // k), steps_per_call=k, pace=pace)
+        state = engine.run_decode(timed_step, tparams, dparams, state, su, k,
+                                  "device" if loop == "device" else "host",
+                                  pace=loop == "paced")
         state.out_len.block_until_ready()
         return time.perf_counter() - t0, state
 
-    walls = {pace: [[] for _ in batches] for pace in (True, False)}
-    dispatches, finals = {True: [], False: []}, {}
+    walls = {loop: [[] for _ in batches] for loop in FLAGS.loops}
+    dispatches, finals = {loop: [] for loop in FLAGS.loops}, {}
     for _ in range(FLAGS.reps):
         for b, pre in enumerate(prefilled):
-            for pace in (True, False):
+            for loop in FLAGS.loops:
                 dispatch = []
-                wall, state = decode(pace, jax.block_until_ready(copy(pre)))
-                walls[pace][b].append(wall)
-                dispatches[pace] += dispatch
-                finals[(pace, b)] = state
-    out_len = [np.asarray(finals[(True, b)].out_len) for b in range(len(batches))]
-    accept = [np.asarray(finals[(True, b)].accept) for b in range(len(batches))]
+                wall, state = decode(loop, jax.block_until_ready(copy(pre)))
+                walls[loop][b].append(wall)
+                dispatches[loop] += dispatch
+                finals[(loop, b)] = state
+    first = FLAGS.loops[0]
+    for loop in FLAGS.loops[1:]:   # every loop must emit the same tokens
+        for b in range(len(batches)):
+            for field in ("out_len", "out_tokens", "accept"):
+                if not np.array_equal(np.asarray(getattr(finals[(loop, b)], field)),
+                                      np.asarray(getattr(finals[(first, b)], field))):
+                    raise AssertionError(f"{loop} loop's {field} differs from the {first} "
+                                         f"loop's in batch {b}")
+    out_len = [np.asarray(finals[(first, b)].out_len) for b in range(len(batches))]
+    accept = [np.asarray(finals[(first, b)].accept) for b in range(len(batches))]
     tokens = int(sum(o.sum() - streams for o in out_len))
     flat = np.concatenate([a[a > 0] for a in accept])
     rec = dict(method=method, budget=budget if method == "ddtree" else None, streams=streams,
                steps_per_call=k, batches=len(batches), tokens=tokens,
                steps=int(sum(np.any(a > 0, axis=0).sum() for a in accept)),
                tau=float(flat.mean()))
-    for pace in (True, False):
-        name = "paced" if pace else "unpaced"
-        wall = float(sum(np.median(w) for w in walls[pace]))   # the batches' medians, summed
-        device_steps = sum(int(finals[(pace, b)].step) for b in range(len(batches)))
+    for name in FLAGS.loops:
+        wall = float(sum(np.median(w) for w in walls[name]))   # the batches' medians, summed
+        device_steps = sum(int(finals[(name, b)].step) for b in range(len(batches)))
         fresh = jax.block_until_ready(copy(prefilled[0]))
         with tempfile.TemporaryDirectory() as d:
             with jax.profiler.trace(d):
-                traced_wall, state = decode(pace, fresh)
+                traced_wall, state = decode(name, fresh)
             kernels, _ = bench_util.device_kernels(d)
         rec[name] = dict(wall_ms=wall * 1e3, tokens_per_second=tokens / wall,
-                         device_steps=device_steps, calls=device_steps // k,
-                         dispatch_ms=float(np.median(dispatches[pace])) * 1e3,
+                         device_steps=device_steps,
+                         calls=len(batches) if name == "device" else device_steps // k,
+                         dispatch_ms=float(np.median(dispatches[name])) * 1e3,
                          traced_wall_ms=traced_wall * 1e3)
         if kernels:   # the first batch's decode
             t = bench_util.kernel_timeline(kernels, FLAGS.gap_us)
@@ -128,6 +145,8 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
 def main(argv):
     del argv
     points = [parse_point(p) for p in FLAGS.points]
+    if not FLAGS.loops or not set(FLAGS.loops) <= set(LOOPS) or len(set(FLAGS.loops)) < len(FLAGS.loops):
+        raise ValueError(f"--loops must name distinct loops from {LOOPS}, got {FLAGS.loops}")
     if FLAGS.batches < 1:
         raise ValueError(f"--batches must be >= 1, got {FLAGS.batches}")
     dtype = jnp.dtype(FLAGS.dtype)
@@ -147,7 +166,7 @@ def main(argv):
     rows = [dict(point=f"{r['method']}@{r['budget'] or ''} S={r['streams']} k={r['steps_per_call']}"
                        + (f" x{r['batches']} batches" if r["batches"] > 1 else ""),
                  loop=name, tau=r["tau"], **{c: r[name].get(c) for c in cols})
-            for r in recs for name in ("paced", "unpaced")]
+            for r in recs for name in FLAGS.loops]
     print(bench_util.markdown_table(rows, ["point", "loop", "tau"] + cols))
 
 
@@ -163,6 +182,9 @@ def _define_flags() -> None:
     flags.DEFINE_integer("reps", 15, "timed decodes per host loop")
     flags.DEFINE_float("gap_us", 20.0, "idle intervals longer than this count as gaps")
     flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
+    flags.DEFINE_list("loops", ["paced", "unpaced"], f"decode loops from {LOOPS}, interleaved: "
+                      "the engine's host loop paced or not, or the whole decode as one call "
+                      "(engine._decode_on_device)")
     flags.DEFINE_string("out", "", "write all points as JSON here")
 
 

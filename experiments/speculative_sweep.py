@@ -6,8 +6,10 @@ x temperature, on the shipped target + drafter pair (or a random tiny pair).
         --config.budgets='(16, 64, 256)' --config.streams='(1, 8)' --config.out_dir=runs/sweep_big
 
 Per point: tau, tokens/s (median of `timing_reps` decodes; `steps_per_call` engine steps per
-dispatch; with `requests` > 0, `requests` prompts served through `streams` slots by continuous
-batching, ddtree_jax.serving), speedup over ar at the same streams and temperature (ar at its own
+dispatch, or between the device loop's checks; `decode_loop` as engine.generate's, "auto": the
+device loop for the speculative methods, the host loop for ar without stop tokens; with
+`requests` > 0, `requests` prompts served through `streams` slots by continuous batching,
+ddtree_jax.serving), speedup over ar at the same streams and temperature (ar at its own
 `ar_steps_per_call` when set: the baseline at its best dispatch setting), the step-time
 breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
 (flushed and fsynced); a restart with the same config skips the points already there. At the end:
@@ -63,7 +65,7 @@ def grid(cfg, pair_id: str) -> list[dict]:
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
-                        requests=cfg.requests)
+                        requests=cfg.requests, decode_loop=cfg.get("decode_loop", "auto"))
             methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
                 methods += [("ddtree", int(b)) for b in cfg.budgets]
@@ -109,7 +111,7 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
     acc, tokens, decode, compile_s, steps, device_steps, stage = [], 0, 0.0, 0.0, 0, 0, None
     for batch in batches:
         r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
-                            timing_reps=p["timing_reps"], **kw)
+                            timing_reps=p["timing_reps"], decode_loop=p["decode_loop"], **kw)
         acc += [a for row in r.acceptance_lengths for a in row]
         tokens += sum(len(t) - 1 for t in r.tokens)
         decode += r.decode_seconds
@@ -119,7 +121,7 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
         stage = r.stage_times if stage is None else stage
     return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
                 generated=tokens, decode_seconds=decode, compile_seconds=compile_s, steps=steps,
-                device_steps=device_steps, stage_times=stage)
+                device_steps=device_steps, stage_times=stage, loop=r.decode_loop)
 
 
 def _group(p: dict, **changes) -> str:

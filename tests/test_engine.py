@@ -68,17 +68,58 @@ def test_greedy_speculative_equals_ar(pair32, prompts, greedy_ar, method, budget
         assert all(t > 0 for t in out.stage_times.values())
 
 
-def test_several_steps_per_call_change_nothing_but_dispatches(pair32, prompts, greedy_ar):
+@pytest.mark.parametrize("loop", ["host", "device"])
+def test_several_steps_per_call_change_nothing_but_dispatches(pair32, prompts, greedy_ar, loop):
     """Steps fused into one call (a device loop) emit what one step per call emits, step by step,
-    including streams that finish in the middle of a call; repeated timed decodes agree too."""
+    including streams that finish in the middle of a call, whether the host dispatches the calls
+    or one call runs the whole decode; repeated timed decodes agree too. The device loop stops at
+    its first check after the last stream is done."""
     target, drafter = pair32
     max_new, stop, ar = greedy_ar
     kw = dict(method="ddtree", budget=6, max_new_tokens=max_new, stop_tokens=(stop,), stage_reps=0)
-    one = engine.generate(target, drafter, prompts, **kw)
-    fused = engine.generate(target, drafter, prompts, steps_per_call=3, timing_reps=2, **kw)
+    one = engine.generate(target, drafter, prompts, decode_loop="host", **kw)
+    fused = engine.generate(target, drafter, prompts, steps_per_call=3, timing_reps=2,
+                            decode_loop=loop, **kw)
     assert fused.tokens == ar.tokens
     assert fused.acceptance_lengths == one.acceptance_lengths
     assert fused.steps == one.steps and fused.tau == one.tau
+    if loop == "device":
+        assert fused.steps <= fused.device_steps <= fused.steps + 2
+
+
+@pytest.mark.parametrize("stop", [False, True])
+@pytest.mark.parametrize("loop", ["host", "device"])
+def test_ar_decode_loops_agree(pair32, prompts, greedy_ar, loop, stop):
+    """ar through either loop equals plain greedy decoding; without stop tokens the host loop
+    runs exactly the known steps (rounded up to whole calls), reading no counts."""
+    target, drafter = pair32
+    max_new, stop_token, ar = greedy_ar
+    out = engine.generate(target, None, prompts, method="ar", max_new_tokens=max_new,
+                          stop_tokens=(stop_token,) if stop else (), steps_per_call=3,
+                          stage_reps=0, decode_loop=loop)
+    if stop:
+        assert out.tokens == ar.tokens
+    else:
+        assert [len(t) for t in out.tokens] == max_new
+        assert [t[:len(a)] for t, a in zip(out.tokens, ar.tokens)] == ar.tokens
+    assert out.steps == max(len(t) for t in out.tokens) - 1
+    if loop == "host" and not stop:
+        assert out.device_steps == -(-out.steps // 3) * 3
+
+
+def test_decode_loop_choice(pair32):
+    """"auto": the host loop only where the steps are known before the start (ar without stop
+    tokens), the device loop otherwise; a bad name is an error that names the argument."""
+    target, drafter = pair32
+    plan = lambda **kw: engine.setup(target, drafter, [[1]], **kw).plan   # noqa: E731
+    assert engine.decode_loop_for(plan(method="ar")) == "host"
+    assert engine.decode_loop_for(plan(method="ar", stop_tokens=(3,))) == "device"
+    assert engine.decode_loop_for(plan(method="ddtree", budget=4)) == "device"
+    assert engine.decode_loop_for(plan(method="dflash")) == "device"
+    assert engine.decode_loop_for(plan(method="ddtree", budget=4), "host") == "host"
+    assert engine.decode_loop_for(plan(method="ar"), "device") == "device"
+    with pytest.raises(ValueError, match="decode_loop"):
+        engine.generate(target, drafter, [[1]], method="ar", decode_loop="gpu")
 
 
 @pytest.mark.parametrize("method, streams, steps_per_call", [("ddtree", 5, 1), ("ar", 7, 3)])
@@ -236,24 +277,29 @@ def test_bad_input(pair32):
 
 class _Counts:
     """A call's `left` counts as `decode` sees them: ready (the device is ahead of the host) or
-    not (decode blocks on them only when max_lag calls are outstanding)."""
+    not (decode blocks on them only when max_lag calls are outstanding); readable=False: any use
+    fails the test."""
 
-    def __init__(self, left, ready: bool):
-        self.left, self.ready = np.asarray(left), ready
+    def __init__(self, left, ready: bool, readable: bool = True):
+        self.left, self.ready, self.readable = np.asarray(left), ready, readable
 
     def copy_to_host_async(self):
-        pass
+        assert self.readable, "decode touched counts it was told it need not read"
 
     def is_ready(self):
+        assert self.readable, "decode touched counts it was told it need not read"
         return self.ready
 
     def __array__(self, dtype=None, copy=None):
+        assert self.readable, "decode touched counts it was told it need not read"
         return self.left
 
 
-def _fake_decode(per_step, max_new, max_calls, steps_per_call=1, max_lag=2, ready=False):
+def _fake_decode(per_step, max_new, max_calls, steps_per_call=1, max_lag=2, ready=False,
+                 known=False):
     """engine.decode over a fake step in which stream i emits per_step[t][i] tokens at step t
-    (the last row repeats); returns (calls dispatched, steps a stream needed at most)."""
+    (the last row repeats); returns (calls dispatched, steps a stream needed at most). known:
+    decode is told left0 and the steps needed, and must read no counts."""
     calls = []
     per_step = np.asarray(per_step)
 
@@ -268,7 +314,7 @@ def _fake_decode(per_step, max_new, max_calls, steps_per_call=1, max_lag=2, read
             state = state.replace(out_len=out_len, done=out_len >= state.max_new)
             t += 1
         state = state.replace(step=jnp.int32(t))
-        return state, _Counts(engine.tokens_left(state), ready)
+        return state, _Counts(engine.tokens_left(state), ready, readable=not known)
 
     s = len(max_new)
     state = engine.EngineState(tcache=None, dcache=None, pending=None, out_tokens=None,
@@ -280,8 +326,9 @@ def _fake_decode(per_step, max_new, max_calls, steps_per_call=1, max_lag=2, read
     while (out_len < np.asarray(max_new)).any():
         out_len = np.minimum(out_len + emit(need), max_new)
         need += 1
+    hint = dict(left0=np.maximum(np.asarray(max_new) - 1, 0), known_steps=need) if known else {}
     out = engine.decode(step, None, None, state, max_calls, max_lag=max_lag,
-                        steps_per_call=steps_per_call)
+                        steps_per_call=steps_per_call, **hint)
     assert int(out.step) == len(calls) * steps_per_call
     if len(calls) * steps_per_call >= need:
         assert bool(jnp.all(out.done))
@@ -297,6 +344,16 @@ def test_decode_paces_exact_progress_without_waste(max_new, max_calls, ready):
     assert calls == min(need, max_calls)
     calls, _ = _fake_decode([[1]], [1], max_calls, ready=ready)
     assert calls == 0
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+@pytest.mark.parametrize("max_new, max_calls", [([11, 6, 2], 20), ([30], 4), ([1, 1], 5)])
+def test_decode_dispatches_known_steps_without_reads(max_new, max_calls, steps_per_call):
+    """Told the steps that finish every stream (ar without stop tokens), decode dispatches the
+    calls that run them (never more than max_calls) and reads no counts."""
+    calls, need = _fake_decode([[1] * len(max_new)], max_new, max_calls,
+                               steps_per_call=steps_per_call, known=True)
+    assert calls == min(-(-need // steps_per_call), max_calls)
 
 
 @pytest.mark.parametrize("steps_per_call", [1, 3])

@@ -139,7 +139,8 @@ def test_ar_baseline_runs_at_its_own_steps_per_call(tmp_path):
     log.append(dict(points[0], key=sweep_io.point_key(points[0]), tokens_per_second=1.0))
     rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
     assert rec["speedup"] == pytest.approx(rec["tokens_per_second"])
-    assert "| ddtree | 2 | 2 |" in sweep_io.summary_table([rec])
+    assert rec["loop"] == "device"   # "auto": the speculative methods' decode runs on the device
+    assert "| ddtree | 2 | 2 device |" in sweep_io.summary_table([rec])
     assert _load_config("sweep_h200").ar_steps_per_call == 8
 
 
