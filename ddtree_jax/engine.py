@@ -385,7 +385,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     enough). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
-    steps_per_call: engine steps per dispatch of the compiled step (see `decode`). timing_reps:
+    steps_per_call: engine steps per dispatch of the compiled step (see `decode`), or between the
+    device loop's checks for streams with tokens left. timing_reps:
     decode this many times from copies of the prefilled state; tokens/s uses the median time
     (every decode is the same computation and yields the same tokens). decode_loop: see
     `decode_loop_for`; every loop yields the same tokens.
