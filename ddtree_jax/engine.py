@@ -453,7 +453,7 @@ def decode_loop_for(plan: Plan, decode_loop: str = "auto") -> str:
     if decode_loop not in DECODE_LOOPS:
         raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {decode_loop!r}")
     if decode_loop == "auto":
-        return "host" if known_steps(plan, np.zeros(1, np.int32)) is not None else "device"
+        return "host" if _steps_known(plan) else "device"
     return decode_loop
 
 
@@ -464,11 +464,16 @@ def initial_left(su: Setup) -> np.ndarray:
     return (su.max_new - 1).astype(np.int32)
 
 
-def known_steps(plan: Plan, left0: np.ndarray) -> int | None:
-    """Steps that finish every stream when that is known before the decode starts (ar without
-    stop tokens emits exactly one token per step: the most tokens any stream has left), else
-    None."""
-    return int(np.max(left0, initial=0)) if plan.method == "ar" and not plan.stop_tokens else None
+def _steps_known(plan: Plan) -> bool:
+    """Whether the steps a decode needs are known before it starts: ar without stop tokens emits
+    exactly one token per step."""
+    return plan.method == "ar" and not plan.stop_tokens
+
+
+def exact_steps(plan: Plan, left0: np.ndarray) -> int | None:
+    """The steps that finish every stream, when known before the decode starts (`_steps_known`:
+    the most tokens any stream has left), else None."""
+    return int(np.max(left0, initial=0)) if _steps_known(plan) else None
 
 
 def compile_decode(tparams, dparams, state: EngineState, su: Setup, steps_per_call: int,
@@ -492,7 +497,7 @@ def run_decode(call, tparams, dparams, state: EngineState, su: Setup, steps_per_
     return decode(call, tparams, dparams, state, -(-su.max_steps // steps_per_call),
                   max_lag=max(1, 3 // steps_per_call), steps_per_call=steps_per_call,
                   pace=steps_per_call > 1 if pace is None else pace, left0=left0,
-                  known_steps=known_steps(su.plan, left0))
+                  known_steps=exact_steps(su.plan, left0))
 
 
 def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: int = 3,
