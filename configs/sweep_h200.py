@@ -1,6 +1,7 @@
 """The H200 sweep: budgets 16..256 x streams 1/4/16 at temperature 0, held-out prompts, bf16 pair,
-128 new tokens, 4 engine steps per dispatch (8 for the ar baseline, its best), tokens/s from the
-median of 3 decodes. 24 points;
+128 new tokens, tokens/s from the median of 3 decodes. The speculative methods decode as one device
+call that checks every 4 steps for streams with tokens left; ar dispatches its known 8-step calls
+from the host and reads nothing (decode_loop "auto", session 11). 24 points;
 about 20 s each on an H200 (compiles and stage times included), so one device call of 10 minutes
 holds it. Add temperatures or budgets with --config.key=value, GPU graph settings with
 --config.xla_flags; BENCHMARKS.md's "GRAPHS_ALL" (while loops, conditionals and graphs of any size
@@ -34,7 +35,8 @@ def get_config():
     c.batches = 1
     c.stage_reps = 3
     c.timing_reps = 3
-    c.steps_per_call = 4        # a device loop: the host's dispatch would bound ar (BENCHMARKS.md)
+    c.steps_per_call = 4        # steps per device-loop check (1 stream: 2 is ~5% faster, 4 and 16
+                                # streams: 4 is 2-5% faster; BENCHMARKS.md session 11)
     c.ar_steps_per_call = 8     # ar at its best k (session 3); at 4 steps per call it measured ~20%
                                 # slower at 4-16 streams, which inflated speedups (session 10)
     c.out_dir = c.out_dir.replace("sweep_default", "sweep_h200")
