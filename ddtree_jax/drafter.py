@@ -36,6 +36,7 @@ from ddtree_jax import rope
 from ddtree_jax import sharding
 from ddtree_jax.config import DrafterConfig
 from ddtree_jax.model import Linear, RMSNorm, SwiGLU
+from pallas_kernels.drafter_attention import drafter_attention
 
 Dtype = Any
 
@@ -56,6 +57,7 @@ class DFlashAttention(nn.Module):
 
     cfg: DrafterConfig
     param_dtype: Dtype = jnp.float32
+    attn_impl: str = "xla"
 
     def setup(self):
         c = self.cfg
@@ -76,24 +78,16 @@ class DFlashAttention(nn.Module):
 
     def __call__(self, x, positions, ctx_k, ctx_v, ctx_mask):
         """x [B,b,d] (normed block), positions [B,b]; ctx_k/ctx_v [B,KV,N,hd] with ctx_mask [B,N]
-        (True = a visible context slot) -> [B,b,d]. Products in ctx_k's dtype with float32
-        accumulation; softmax over context + block in float32. The context is head-major, so both
-        context products are plain batched GEMMs over (B, KV) with no transposed copy of it."""
+        (True = a visible context slot) -> [B,b,d]. The attention itself is the registry's
+        "drafter_attention" (implementation `attn_impl`): products in ctx_k's dtype with float32
+        accumulation, softmax over context + block in float32."""
         c = self.cfg
         bsz, b, _ = x.shape
-        kvh, hd, dt = c.num_key_value_heads, c.head_dim, ctx_k.dtype
-        q = self.q_norm(self.q_proj(x).reshape(bsz, b, c.num_attention_heads, hd))
-        q = _rope(q, positions, c.rope_theta).astype(dt)
-        q = q.reshape(bsz, b, kvh, c.num_attention_heads // kvh, hd)   # query head h -> kv head h // G
+        q = self.q_norm(self.q_proj(x).reshape(bsz, b, c.num_attention_heads, c.head_dim))
+        q = _rope(q, positions, c.rope_theta).astype(ctx_k.dtype)
         k_blk, v_blk = self.kv(x, positions)
-        dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
-        s_ctx = dot("bqkgd,bknd->bkgqn", q, ctx_k)
-        s_ctx = jnp.where(ctx_mask[:, None, None, None, :], s_ctx, -jnp.inf)
-        s_blk = dot("bqkgd,bnkd->bkgqn", q, k_blk.astype(dt))
-        p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], axis=-1) * hd ** -0.5, axis=-1)
-        p, n = p.astype(dt), ctx_k.shape[2]
-        o = (dot("bkgqn,bknd->bqkgd", p[..., :n], ctx_v)
-             + dot("bkgqn,bnkd->bqkgd", p[..., n:], v_blk.astype(dt)))
+        o = drafter_attention(q, ctx_k, ctx_v, ctx_mask, k_blk, v_blk, scale=c.head_dim ** -0.5,
+                              impl=self.attn_impl)
         return self.o_proj(o.reshape(bsz, b, -1).astype(x.dtype))
 
 
@@ -102,11 +96,12 @@ class DFlashLayer(nn.Module):
 
     cfg: DrafterConfig
     param_dtype: Dtype = jnp.float32
+    attn_impl: str = "xla"
 
     def setup(self):
         c = self.cfg
         self.input_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
-        self.self_attn = DFlashAttention(c, self.param_dtype)
+        self.self_attn = DFlashAttention(c, self.param_dtype, self.attn_impl)
         self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, self.param_dtype)
 
@@ -119,16 +114,19 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    """The drafter: `context_kv` (taps -> per-layer context K/V) and `__call__` (block -> hidden)."""
+    """The drafter: `context_kv` (taps -> per-layer context K/V) and `__call__` (block -> hidden);
+    attn_impl: the "drafter_attention" implementation its layers use."""
 
     cfg: DrafterConfig
     param_dtype: Dtype = jnp.float32
+    attn_impl: str = "xla"
 
     def setup(self):
         c = self.cfg
         self.fc = Linear(_taps_width(c), c.hidden_size, self.param_dtype)
         self.hidden_norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
-        self.layers = [DFlashLayer(c, self.param_dtype) for _ in range(c.num_hidden_layers)]
+        self.layers = [DFlashLayer(c, self.param_dtype, self.attn_impl)
+                       for _ in range(c.num_hidden_layers)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
     def context_kv(self, target_hidden, positions):
@@ -270,19 +268,20 @@ def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target
 
 
 def draft_block(params: dict, cfg: DrafterConfig, cache: DrafterCache, noise_embedding: jax.Array,
-                block_positions: jax.Array) -> jax.Array:
+                block_positions: jax.Array, attn_impl: str = "xla") -> jax.Array:
     """noise_embedding [S,b,d], block_positions [S,b] -> final-normed hidden [S,b,d].
 
     The block attends to context slots < lengths[s] and to the whole block (non-causal); its own
     keys/values are not stored. Rows 1..b-1 of the result, through `draft_logits`, are the
-    drafts for depths 1..b-1 (row 0 is the anchor token).
+    drafts for depths 1..b-1 (row 0 is the anchor token). attn_impl: the "drafter_attention"
+    implementation (pallas_kernels.registry).
     """
     num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[3]
     _check_shape("noise_embedding", noise_embedding, (num_streams, None, cfg.hidden_size))
     _check_shape("block_positions", block_positions, (num_streams, noise_embedding.shape[1]))
     mask = jnp.arange(max_ctx)[None, :] < cache.lengths[:, None]
-    return DFlashDrafter(cfg).apply({"params": params}, noise_embedding, block_positions,
-                                    cache.k, cache.v, mask)
+    return DFlashDrafter(cfg, attn_impl=attn_impl).apply(
+        {"params": params}, noise_embedding, block_positions, cache.k, cache.v, mask)
 
 
 def block_embedding(target_params: dict, cfg: DrafterConfig, anchor_tokens: jax.Array) -> jax.Array:

@@ -40,6 +40,7 @@ from ddtree_jax import sharding
 from ddtree_jax import tree as trees
 from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.sampling import Sampling, choose
+from pallas_kernels import registry
 
 METHODS = ("ar", "dflash", "ddtree")
 DECODE_LOOPS = ("auto", "host", "device")
@@ -74,6 +75,7 @@ class Plan:
     attn_impl: str = "auto"
     moe_impl: str = "auto"
     topk_impl: str = "auto"
+    drafter_attn_impl: str = "xla"
 
     @property
     def nodes(self) -> int:
@@ -125,7 +127,8 @@ def stage_draft(tparams, dparams, state: EngineState, plan: Plan):
     """-> draft logits [S, B-1, V] float32 for depths 1..B-1."""
     emb = dft.block_embedding(tparams, plan.dcfg, state.pending)
     pos = state.tcache.lengths[:, None] + jnp.arange(plan.dcfg.block_size, dtype=jnp.int32)
-    hidden = dft.draft_block(dparams, plan.dcfg, state.dcache, emb, pos)
+    hidden = dft.draft_block(dparams, plan.dcfg, state.dcache, emb, pos,
+                             attn_impl=plan.drafter_attn_impl)
     return dft.draft_logits(tparams, hidden[:, 1:])
 
 
@@ -322,7 +325,7 @@ class Setup:
 
 def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
           temperature=0.0, top_k=0, top_p=1.0, stop_tokens=(), max_len=None, attn_impl="auto",
-          moe_impl="auto", topk_impl="auto") -> Setup:
+          moe_impl="auto", topk_impl="auto", drafter_attn_impl="xla") -> Setup:
     """Validate a generate call (see `generate`) and lay out its inputs."""
     tcfg = target[0]
     if method not in METHODS:
@@ -334,9 +337,13 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
         dcfg.check_target(tcfg)
     if method == "ddtree" and (not isinstance(budget, (int, np.integer)) or budget < 1):
         raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+    try:
+        registry.resolve("drafter_attention", drafter_attn_impl)
+    except ValueError as e:
+        raise ValueError(f"drafter_attn_impl: {e}") from None
     plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0,
                 Sampling(temperature, top_k, top_p), tuple(int(t) for t in stop_tokens),
-                attn_impl, moe_impl, topk_impl)
+                attn_impl, moe_impl, topk_impl, drafter_attn_impl)
     lengths = np.array([len(p) for p in prompts], np.int32)
     if len(prompts) == 0 or np.any(lengths == 0):
         raise ValueError("prompts must be a non-empty list of non-empty token lists")
@@ -373,7 +380,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-             topk_impl: str = "auto", stage_reps: int = 3, warmup: bool = True,
+             topk_impl: str = "auto", drafter_attn_impl: str = "xla", stage_reps: int = 3,
+             warmup: bool = True,
              steps_per_call: int = 1, timing_reps: int = 1,
              decode_loop: str = "auto") -> GenerateResult:
     """Speculative (or plain autoregressive) generation for S streams with their own prompts.
@@ -382,7 +390,9 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     stream; max_new_tokens: one int or one per stream; stop_tokens end a stream (the stop token is
     emitted); temperature 0 is greedy, otherwise tokens are sampled from the target's distribution
     (optionally top-k / top-p truncated). max_len: target cache slots per stream (default: just
-    enough). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
+    enough). attn_impl, moe_impl, topk_impl: the target's kernel implementations ("auto": by
+    backend); drafter_attn_impl: the drafter's attention ("xla" by default: the "pallas_triton"
+    kernel has not been timed on a GPU yet). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
     steps_per_call: engine steps per dispatch of the compiled step (see `decode`), or between the
@@ -399,7 +409,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         raise ValueError(f"timing_reps must be an int >= 1, got {timing_reps!r}")
     su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
                temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens,
-               max_len=max_len, attn_impl=attn_impl, moe_impl=moe_impl, topk_impl=topk_impl)
+               max_len=max_len, attn_impl=attn_impl, moe_impl=moe_impl, topk_impl=topk_impl,
+               drafter_attn_impl=drafter_attn_impl)
     plan, tparams = su.plan, target[1]
     dparams = drafter[1] if plan.dcfg is not None else None
     t0 = time.perf_counter()

@@ -78,7 +78,8 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
           budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
           max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-          topk_impl: str = "auto", steps_per_call: int = 1, max_lag: int | None = None,
+          topk_impl: str = "auto", drafter_attn_impl: str = "xla", steps_per_call: int = 1,
+          max_lag: int | None = None,
           warmup: bool = True) -> GenerateResult:
     """Serve every prompt (one request each, in order) with `streams` slots decoding at once.
 
@@ -99,7 +100,7 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
                       max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                       top_p=top_p, stop_tokens=stop_tokens, max_len=max_len, attn_impl=attn_impl,
-                      moe_impl=moe_impl, topk_impl=topk_impl)
+                      moe_impl=moe_impl, topk_impl=topk_impl, drafter_attn_impl=drafter_attn_impl)
     plan, tparams = su.plan, target[1]
     dparams = drafter[1] if plan.dcfg is not None else None
     n, s = len(prompts), min(int(streams), len(prompts))

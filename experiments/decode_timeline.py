@@ -67,11 +67,11 @@ def prompt_batches(prompts, streams: int, batches: int) -> list[list]:
 def run_point(target, drafter, prompts, method: str, budget: int, streams: int, k: int) -> dict:
     batches = prompt_batches(prompts, streams, FLAGS.batches)
     # One cache size for every batch, so one compiled step serves them all.
-    sus = [engine.setup(target, drafter, b, method=method, budget=max(budget, 1),
-                        max_new_tokens=FLAGS.max_new_tokens) for b in batches]
+    kw = dict(method=method, budget=max(budget, 1), max_new_tokens=FLAGS.max_new_tokens,
+              drafter_attn_impl=FLAGS.drafter_attn_impl)
+    sus = [engine.setup(target, drafter, b, **kw) for b in batches]
     max_len = max(su.max_len for su in sus)
-    sus = [engine.setup(target, drafter, b, method=method, budget=max(budget, 1),
-                        max_new_tokens=FLAGS.max_new_tokens, max_len=max_len) for b in batches]
+    sus = [engine.setup(target, drafter, b, max_len=max_len, **kw) for b in batches]
     su = sus[0]
     tparams, dparams = target[1], drafter[1] if su.plan.dcfg is not None else None
     prefilled = [engine.prefill(target, drafter, x) for x in sus]
@@ -160,7 +160,8 @@ def main(argv):
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
-                           date=time.strftime("%Y-%m-%d"), points=recs), f, indent=1)
+                           date=time.strftime("%Y-%m-%d"), drafter_attn_impl=FLAGS.drafter_attn_impl,
+                           points=recs), f, indent=1)
     cols = ["wall_ms", "tokens_per_second", "device_steps", "dispatch_ms", "busy_ms", "span_ms",
             "gaps", "gap_ms", "host_ms"]
     rows = [dict(point=f"{r['method']}@{r['budget'] or ''} S={r['streams']} k={r['steps_per_call']}"
@@ -185,6 +186,8 @@ def _define_flags() -> None:
     flags.DEFINE_list("loops", ["paced", "unpaced"], f"decode loops from {LOOPS}, interleaved: "
                       "the engine's host loop paced or not, or the whole decode as one call "
                       "(engine._decode_on_device)")
+    flags.DEFINE_string("drafter_attn_impl", "xla", "the drafter's attention implementation "
+                        "(pallas_kernels registry: xla, pallas_triton)")
     flags.DEFINE_string("out", "", "write all points as JSON here")
 
 

@@ -65,7 +65,8 @@ def grid(cfg, pair_id: str) -> list[dict]:
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
-                        requests=cfg.requests, decode_loop=cfg.get("decode_loop", "auto"))
+                        requests=cfg.requests, decode_loop=cfg.get("decode_loop", "auto"),
+                        drafter_attn_impl=cfg.get("drafter_attn_impl", "xla"))
             methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
                 methods += [("ddtree", int(b)) for b in cfg.budgets]
@@ -93,7 +94,8 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
     tokens/s = tokens / decode time."""
     kw = dict(method=p["method"].replace("-auto", ""), budget=budget,
               max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
-              top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"])
+              top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"],
+              drafter_attn_impl=p["drafter_attn_impl"])
     if p["requests"]:
         r = serving.serve(target, drafter, [prompts[i % len(prompts)] for i in range(p["requests"])],
                           streams=p["streams"], **kw)

@@ -107,6 +107,19 @@ def test_ar_decode_loops_agree(pair32, prompts, greedy_ar, loop, stop):
         assert out.device_steps == -(-out.steps // 3) * 3
 
 
+def test_drafter_kernel_keeps_generation_lossless(pair32, prompts, greedy_ar):
+    """The drafter's attention through the Pallas kernel (interpret mode here): still greedy ar's
+    tokens; a bad implementation name is an error that names the argument."""
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    out = engine.generate(target, drafter, prompts[:6], method="ddtree", budget=6,
+                          max_new_tokens=max_new[:6], stop_tokens=(stop,), stage_reps=0,
+                          drafter_attn_impl="pallas_triton")
+    assert out.tokens == ar.tokens[:6]
+    with pytest.raises(ValueError, match="drafter_attn_impl"):
+        engine.generate(target, drafter, [[1]], drafter_attn_impl="cuda")
+
+
 def test_decode_loop_choice(pair32):
     """"auto": the host loop only where the steps are known before the start (ar without stop
     tokens), the device loop otherwise; a bad name is an error that names the argument."""

@@ -1,0 +1,92 @@
+"""The drafter's block attention: every implementation against the float64 numpy golden, and the
+drafter's cached block forward with each implementation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ddtree_jax as dj
+from ddtree_jax import drafter as dr
+from pallas_kernels.drafter_attention import drafter_attention
+from pallas_kernels.drafter_attention.pallas_triton import drafter_attention_pallas
+from pallas_kernels.drafter_attention.reference import drafter_attention_reference
+from tests.kernel_testing import assert_close, runnable_impls
+
+
+def _inputs(rng, bsz, b, h, kvh, hd, n, dtype=np.float32, visible=0.6):
+    draw = lambda *shape: rng.standard_normal(shape).astype(dtype)   # noqa: E731
+    mask = rng.random((bsz, n)) < visible
+    mask[0] = False                                   # a stream with no visible context
+    if bsz > 1:
+        mask[1] = np.arange(n) < n // 3               # a prefix, as the engine's cache has
+    return (draw(bsz, b, h, hd), draw(bsz, kvh, n, hd), draw(bsz, kvh, n, hd), mask,
+            draw(bsz, b, kvh, hd), draw(bsz, b, kvh, hd))
+
+
+# (B, b, H, KV, hd, N): the shipped drafter (b 16, 4 heads over 1 KV head, hd 64), grouped heads,
+# one query head per KV head, a block that is not a power of two, N not a multiple of any tile
+SHAPES = [(2, 16, 4, 1, 64, 100), (3, 5, 8, 2, 16, 37), (1, 16, 4, 4, 32, 64), (2, 3, 2, 1, 8, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("impl", runnable_impls("drafter_attention"))
+def test_matches_golden_float32(impl, shape):
+    rng = np.random.default_rng(sum(shape))
+    args = _inputs(rng, *shape)
+    scale = shape[4] ** -0.5
+    out = drafter_attention(*map(jnp.asarray, args), scale=scale, impl=impl)
+    assert out.shape == shape[:3] + (shape[4],) and out.dtype == jnp.float32
+    assert_close(out, drafter_attention_reference(*args, scale=scale), 2e-6, impl)
+
+
+@pytest.mark.parametrize("impl", runnable_impls("drafter_attention"))
+def test_matches_golden_bfloat16(impl):
+    """bf16 operands, float32 accumulation and softmax: relative error within 2e-2."""
+    rng = np.random.default_rng(7)
+    args = _inputs(rng, 2, 16, 4, 1, 64, 300)
+    bf = [jnp.asarray(a, jnp.bfloat16) if a.dtype != bool else jnp.asarray(a) for a in args]
+    ref = drafter_attention_reference(*[np.asarray(x, np.float64) for x in bf], scale=0.125)
+    assert_close(drafter_attention(*bf, scale=0.125, impl=impl), ref, 2e-2, impl)
+
+
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_pallas_writes_every_row(block_n):
+    """Outputs poisoned with NaN before the kernel runs: every row must be written."""
+    rng = np.random.default_rng(3)
+    args = _inputs(rng, 3, 5, 8, 2, 16, 37)
+    out = drafter_attention_pallas(*map(jnp.asarray, args), scale=0.25, block_n=block_n, poison=True)
+    assert_close(out, drafter_attention_reference(*args, scale=0.25), 2e-6, "poisoned")
+
+
+def test_bad_shapes_are_named():
+    rng = np.random.default_rng(0)
+    q, ck, cv, m, kb, vb = map(jnp.asarray, _inputs(rng, 2, 4, 4, 2, 8, 10))
+    with pytest.raises(ValueError, match="ctx_k"):
+        drafter_attention(q, ck[..., :4], cv, m, kb, vb, scale=1.0)
+    with pytest.raises(ValueError, match="KV heads"):
+        drafter_attention(q[:, :, :3], ck, cv, m, kb, vb, scale=1.0)
+    with pytest.raises(ValueError, match="ctx_mask"):
+        drafter_attention(q, ck, cv, m[:, :5], kb, vb, scale=1.0)
+    with pytest.raises(ValueError, match="v_blk"):
+        drafter_attention(q, ck, cv, m, kb, vb[:, :2], scale=1.0)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        drafter_attention_pallas(q[..., :6], ck[..., :6], cv[..., :6], m, kb[..., :6], vb[..., :6],
+                                 scale=1.0)
+
+
+def test_draft_block_is_the_same_with_either_implementation():
+    """The engine's cached block forward through the Pallas kernel equals the xla path."""
+    cfg = dj.ModelConfig.preset("tiny").replace(vocab_size=64)
+    dcfg = dj.DrafterConfig.for_target(cfg, block_size=5, num_hidden_layers=2)
+    params = dj.init_drafter(dcfg, jax.random.key(1))
+    rng = np.random.default_rng(2)
+    cache = dr.init_drafter_cache(dcfg, 3, 24, jnp.float32)
+    taps = jnp.asarray(rng.standard_normal((3, 9, dr._taps_width(dcfg))), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(9, dtype=jnp.int32), (3, 9))
+    cache = dr.append_context(params, dcfg, cache, taps, pos, jnp.asarray([9, 4, 0], jnp.int32))
+    noise = jnp.asarray(rng.standard_normal((3, 5, dcfg.hidden_size)), jnp.float32)
+    bpos = cache.lengths[:, None] + jnp.arange(5, dtype=jnp.int32)
+    ref = dr.draft_block(params, dcfg, cache, noise, bpos, attn_impl="xla")
+    out = dr.draft_block(params, dcfg, cache, noise, bpos, attn_impl="pallas_triton")
+    assert_close(out, ref, 1e-5, "draft_block")
