@@ -2,6 +2,8 @@
 
   PYTHONPATH=. python experiments/step_profile.py --methods=ar,dflash,ddtree --budgets=16,64 \
       --streams=1,16 --out=$OUT/step_profile.json
+  PYTHONPATH=. python experiments/step_profile.py --methods=ddtree --budgets=64 --streams=1,16 \
+      --drafter_attn_impl=pallas_triton                   # the drafter's attention as one kernel
   PYTHONPATH=. python experiments/step_profile.py --dtype=float32 --streams=1 --budgets=8 --steps=3  # CPU
 
 Per (method, budget, streams) on the shipped pair and the held-out prompts: prefill, compile the
@@ -40,6 +42,8 @@ _TOP = flags.DEFINE_integer("top", 8, "kernels (and source scopes) listed per po
 _DEPTH = flags.DEFINE_integer("depth", 4, "segments of a kernel's source scope it is grouped by, "
                               "e.g. 4: verify/Decoder/layers_*/self_attn")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
+_DRAFTER_ATTN = flags.DEFINE_string("drafter_attn_impl", "xla", "the drafter's attention "
+                                    "implementation (pallas_kernels registry: xla, pallas_triton)")
 _OUT = flags.DEFINE_string("out", "", "write all points as JSON here")
 LOOPS = ("sync", "engine", "async")
 
@@ -59,7 +63,8 @@ def _run_steps(step, tparams, dparams, state, n: int, loop: str):
 
 def profile_point(target, drafter, prompts, method: str, budget: int, steps: int, top: int) -> dict:
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
-                      max_new_tokens=steps * (drafter[0].block_size + 1) + 8)
+                      max_new_tokens=steps * (drafter[0].block_size + 1) + 8,
+                      drafter_attn_impl=_DRAFTER_ATTN.value)
     dparams = drafter[1] if su.plan.dcfg is not None else None
     state = engine.prefill(target, drafter, su)
     step = engine._step.lower(target[1], dparams, state, su.plan).compile()
@@ -108,7 +113,8 @@ def main(argv):
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
-                           date=time.strftime("%Y-%m-%d"), points=recs), f, indent=1)
+                           date=time.strftime("%Y-%m-%d"), drafter_attn_impl=_DRAFTER_ATTN.value,
+                           points=recs), f, indent=1)
     print("\n| streams | method | budget | ms/step: sync loop | engine loop | async | device-busy ms/step "
           "| busy/engine | kernels/step |")
     print("|---|---|---|---|---|---|---|---|---|")
