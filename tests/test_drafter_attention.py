@@ -42,12 +42,13 @@ def test_matches_golden_float32(impl, shape):
 
 @pytest.mark.parametrize("impl", runnable_impls("drafter_attention"))
 def test_matches_golden_bfloat16(impl):
-    """bf16 operands, float32 accumulation and softmax: relative error within 2e-2."""
+    """bf16 operands, float32 accumulation and softmax: relative error within 4e-3 (the
+    probabilities are rounded to bf16 before P @ V; measured 1.1-1.7e-3 over five seeds)."""
     rng = np.random.default_rng(7)
     args = _inputs(rng, 2, 16, 4, 1, 64, 300)
     bf = [jnp.asarray(a, jnp.bfloat16) if a.dtype != bool else jnp.asarray(a) for a in args]
     ref = drafter_attention_reference(*[np.asarray(x, np.float64) for x in bf], scale=0.125)
-    assert_close(drafter_attention(*bf, scale=0.125, impl=impl), ref, 2e-2, impl)
+    assert_close(drafter_attention(*bf, scale=0.125, impl=impl), ref, 4e-3, impl)
 
 
 @pytest.mark.parametrize("block_n", [16, 64])
