@@ -18,12 +18,18 @@ bundles on the GPU.
 
 --kernel=moe: the INT4 MoE gate_up and down kernels at the Kimi-K2 layer shape (E=384, d=7168,
 I=2048, top-8), each T's tuned config, plus each --moe_variants option set on top of it (the
-syntax of kernel_bench.py --variants).
+syntax of kernel_bench.py --variants). --kernel=drafter: the drafter's block attention
+(pallas_kernels/drafter_attention) at --drafter_dims (the shipped drafter's by default) for each
+context length in --drafter_ctx and each BLOCK_NxWARPSxSTAGES in --drafter_configs:
+
+  PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \
+      --kernel=drafter --drafter_ctx=256,1024 --drafter_configs=64x4x2,32x4x2
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import re
@@ -168,6 +174,34 @@ def dump_mla(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dict
     return manifest
 
 
+def dump_drafter(configs, ctxs, *, dims, out_dir) -> list[dict]:
+    """Lower the drafter's block attention per (BLOCK_NxWARPSxSTAGES, context length), bf16
+    operands, and write its TTIR. dims: (streams, block, heads, kv_heads, head_dim)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.drafter_attention import pallas_triton
+
+    num_s, b, h, kvh, hd = dims
+    manifest = []
+    with _Capture(pallas_triton) as cap:
+        for cfg in configs:
+            block_n, warps, stages = (int(x) for x in cfg.split("x"))
+            for n in ctxs:
+                bf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)   # noqa: E731
+                specs = (bf(num_s, b, h, hd), bf(num_s, kvh, n, hd), bf(num_s, kvh, n, hd),
+                         jax.ShapeDtypeStruct((num_s, n), jnp.bool_), bf(num_s, b, kvh, hd),
+                         bf(num_s, b, kvh, hd))
+                fn = functools.partial(pallas_triton.drafter_attention_pallas, scale=hd ** -0.5,
+                                       block_n=block_n, num_warps=warps, num_stages=stages)
+                jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+                key = f"{cfg} N={n}"
+                manifest.append(dict(key=key, config=cfg, q=n, splits=1,
+                                     ttir=_write(out_dir, key, cap.modules[-1]),
+                                     num_warps=warps, num_stages=stages))
+    return manifest
+
+
 def dump_moe(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk=8, out_dir) -> list[dict]:
     """Lower the INT4 MoE kernels (gate_up, down) per (T, option set) and write their TTIR."""
     import jax
@@ -212,6 +246,11 @@ def main(_):
             manifest = dump_mla([BlockConfig.parse(c) for c in f.configs], [int(x) for x in f.q],
                                 num_s=f.streams, ctx=f.ctx, heads=f.heads, dk=f.dk, v_dim=f.v_dim, out_dir=d)
             head = (f"MLA ctx={f.ctx} S={f.streams} H={f.heads} Dk={f.dk} v_dim={f.v_dim}, sm_90a", "Q")
+        elif f.kernel == "drafter":
+            dims = tuple(int(x) for x in f.drafter_dims)
+            manifest = dump_drafter(f.drafter_configs, [int(x) for x in f.drafter_ctx], dims=dims,
+                                    out_dir=d)
+            head = (f"drafter block attention, (S, b, H, KV, hd) = {dims}, sm_90a", "N")
         else:
             from experiments.kernel_bench import parse_variants
             manifest = dump_moe([int(x) for x in f.moe_tokens], parse_variants(f.moe_variants), out_dir=d)
@@ -242,7 +281,8 @@ if __name__ == "__main__":
     else:
         from absl import app, flags
 
-        flags.DEFINE_enum("kernel", "mla", ["mla", "moe"], "which Pallas:Triton kernel to compile")
+        flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter"],
+                          "which Pallas:Triton kernel to compile")
         flags.DEFINE_list("configs", ["32x64x4x2"], "mla: BlockConfigs, BMxBNxWARPSxSTAGES[vV_SPLIT][d]")
         flags.DEFINE_list("q", ["16", "64", "256"], "mla: new tokens per stream")
         flags.DEFINE_integer("streams", 8, "mla: streams S (sets the split count, as in the benchmark)")
@@ -253,6 +293,10 @@ if __name__ == "__main__":
         flags.DEFINE_list("moe_tokens", ["16", "64", "256"], "moe: token counts T (each uses its tuned config)")
         flags.DEFINE_string("moe_variants", "", "moe: option sets on top of the tuned config, as "
                             "kernel_bench.py --variants ('f=v,f=v;f=v')")
+        flags.DEFINE_list("drafter_dims", ["1", "16", "4", "1", "64"],
+                          "drafter: streams, block, heads, KV heads, head_dim (the shipped drafter)")
+        flags.DEFINE_list("drafter_ctx", ["256", "1024"], "drafter: context slots N")
+        flags.DEFINE_list("drafter_configs", ["64x4x2"], "drafter: BLOCK_NxWARPSxSTAGES")
         flags.DEFINE_string("triton_python", None, "a Python with a pip Triton (not the project's venv)")
         flags.mark_flag_as_required("triton_python")
         app.run(main)
