@@ -76,9 +76,9 @@ class DFlashAttention(nn.Module):
         k = _rope(self.k_norm(heads(self.k_proj(x))), positions, c.rope_theta)
         return k, heads(self.v_proj(x))
 
-    def __call__(self, x, positions, ctx_k, ctx_v, ctx_mask):
-        """x [B,b,d] (normed block), positions [B,b]; ctx_k/ctx_v [B,KV,N,hd] with ctx_mask [B,N]
-        (True = a visible context slot) -> [B,b,d]. The attention itself is the registry's
+    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths):
+        """x [B,b,d] (normed block), positions [B,b]; ctx_k/ctx_v [B,KV,N,hd] whose slots
+        < ctx_lengths [B] hold the context -> [B,b,d]. The attention itself is the registry's
         "drafter_attention" (implementation `attn_impl`): products in ctx_k's dtype with float32
         accumulation, softmax over context + block in float32."""
         c = self.cfg
@@ -86,7 +86,7 @@ class DFlashAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).reshape(bsz, b, c.num_attention_heads, c.head_dim))
         q = _rope(q, positions, c.rope_theta).astype(ctx_k.dtype)
         k_blk, v_blk = self.kv(x, positions)
-        o = drafter_attention(q, ctx_k, ctx_v, ctx_mask, k_blk, v_blk, scale=c.head_dim ** -0.5,
+        o = drafter_attention(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, scale=c.head_dim ** -0.5,
                               impl=self.attn_impl)
         return self.o_proj(o.reshape(bsz, b, -1).astype(x.dtype))
 
@@ -108,8 +108,8 @@ class DFlashLayer(nn.Module):
     def context_kv(self, ctx, positions):
         return self.self_attn.kv(ctx, positions)
 
-    def __call__(self, x, positions, ctx_k, ctx_v, ctx_mask):
-        h = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, ctx_mask)
+    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths):
+        h = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, ctx_lengths)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -135,12 +135,12 @@ class DFlashDrafter(nn.Module):
         ks, vs = zip(*(layer.context_kv(ctx, positions) for layer in self.layers))
         return jnp.stack(ks).swapaxes(2, 3), jnp.stack(vs).swapaxes(2, 3)
 
-    def __call__(self, noise_embedding, positions, ctx_k, ctx_v, ctx_mask):
-        """noise_embedding [B,b,d], positions [B,b], ctx_k/ctx_v [L,B,KV,N,hd], ctx_mask [B,N]
+    def __call__(self, noise_embedding, positions, ctx_k, ctx_v, ctx_lengths):
+        """noise_embedding [B,b,d], positions [B,b], ctx_k/ctx_v [L,B,KV,N,hd], ctx_lengths [B]
         -> final-normed hidden [B,b,d]."""
         x = noise_embedding
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, ctx_k[i], ctx_v[i], ctx_mask)
+            x = layer(x, positions, ctx_k[i], ctx_v[i], ctx_lengths)
         return self.norm(x)
 
 
@@ -161,7 +161,7 @@ def _init_drafter(cfg: DrafterConfig, key: jax.Array, dtype: Dtype) -> dict:
 
     def run(m, taps, x, pos):
         k, v = m.context_kv(taps, pos)
-        return m(x, pos, k, v, jnp.ones(pos.shape, bool))
+        return m(x, pos, k, v, jnp.full(pos.shape[:1], pos.shape[1], jnp.int32))
 
     shapes = jax.eval_shape(functools.partial(model.init, method=run), key,
                             jnp.zeros((1, 1, _taps_width(cfg)), dtype),
@@ -206,7 +206,7 @@ def drafter_hidden(params: dict, cfg: DrafterConfig, target_hidden: jax.Array,
     model = DFlashDrafter(cfg)
     k, v = model.apply({"params": params}, target_hidden, positions[:, :n], method="context_kv")
     return model.apply({"params": params}, noise_embedding, positions[:, n:], k, v,
-                       jnp.ones((bsz, n), bool))
+                       jnp.full((bsz,), n, jnp.int32))
 
 
 class DrafterCache(NamedTuple):
@@ -268,7 +268,7 @@ def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target
 
 
 def draft_block(params: dict, cfg: DrafterConfig, cache: DrafterCache, noise_embedding: jax.Array,
-                block_positions: jax.Array, attn_impl: str = "xla") -> jax.Array:
+                block_positions: jax.Array, attn_impl: str = "auto") -> jax.Array:
     """noise_embedding [S,b,d], block_positions [S,b] -> final-normed hidden [S,b,d].
 
     The block attends to context slots < lengths[s] and to the whole block (non-causal); its own
@@ -276,12 +276,11 @@ def draft_block(params: dict, cfg: DrafterConfig, cache: DrafterCache, noise_emb
     drafts for depths 1..b-1 (row 0 is the anchor token). attn_impl: the "drafter_attention"
     implementation (pallas_kernels.registry).
     """
-    num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[3]
+    num_streams = cache.lengths.shape[0]
     _check_shape("noise_embedding", noise_embedding, (num_streams, None, cfg.hidden_size))
     _check_shape("block_positions", block_positions, (num_streams, noise_embedding.shape[1]))
-    mask = jnp.arange(max_ctx)[None, :] < cache.lengths[:, None]
     return DFlashDrafter(cfg, attn_impl=attn_impl).apply(
-        {"params": params}, noise_embedding, block_positions, cache.k, cache.v, mask)
+        {"params": params}, noise_embedding, block_positions, cache.k, cache.v, cache.lengths)
 
 
 def block_embedding(target_params: dict, cfg: DrafterConfig, anchor_tokens: jax.Array) -> jax.Array:

@@ -75,7 +75,7 @@ class Plan:
     attn_impl: str = "auto"
     moe_impl: str = "auto"
     topk_impl: str = "auto"
-    drafter_attn_impl: str = "xla"
+    drafter_attn_impl: str = "auto"
 
     @property
     def nodes(self) -> int:
@@ -325,7 +325,7 @@ class Setup:
 
 def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
           temperature=0.0, top_k=0, top_p=1.0, stop_tokens=(), max_len=None, attn_impl="auto",
-          moe_impl="auto", topk_impl="auto", drafter_attn_impl="xla") -> Setup:
+          moe_impl="auto", topk_impl="auto", drafter_attn_impl="auto") -> Setup:
     """Validate a generate call (see `generate`) and lay out its inputs."""
     tcfg = target[0]
     if method not in METHODS:
@@ -380,7 +380,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-             topk_impl: str = "auto", drafter_attn_impl: str = "xla", stage_reps: int = 3,
+             topk_impl: str = "auto", drafter_attn_impl: str = "auto", stage_reps: int = 3,
              warmup: bool = True,
              steps_per_call: int = 1, timing_reps: int = 1,
              decode_loop: str = "auto") -> GenerateResult:
@@ -391,8 +391,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     emitted); temperature 0 is greedy, otherwise tokens are sampled from the target's distribution
     (optionally top-k / top-p truncated). max_len: target cache slots per stream (default: just
     enough). attn_impl, moe_impl, topk_impl: the target's kernel implementations ("auto": by
-    backend); drafter_attn_impl: the drafter's attention ("xla" by default: the "pallas_triton"
-    kernel has not been timed on a GPU yet). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
+    backend); drafter_attn_impl: the drafter's attention (likewise: "pallas_triton" on a GPU). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
     steps_per_call: engine steps per dispatch of the compiled step (see `decode`), or between the

@@ -116,10 +116,9 @@ def drafter_train_hidden(params, cfg: DrafterConfig, taps, block_emb, anchors):
     k, v = model.apply({"params": params}, taps, positions, method="context_kv")    # [L,B,KV,T,hd]
     k, v = (jnp.repeat(x, n_anchor, axis=1) for x in (k, v))
     flat_anchor = anchors.reshape(-1)
-    mask = jnp.arange(t)[None, :] < flat_anchor[:, None]
     block_pos = flat_anchor[:, None] + jnp.arange(blk, dtype=jnp.int32)[None, :]
     hidden = model.apply({"params": params}, block_emb.reshape(bsz * n_anchor, blk, -1), block_pos,
-                         k, v, mask)
+                         k, v, flat_anchor)
     return hidden.reshape(bsz, n_anchor, blk, -1)
 
 

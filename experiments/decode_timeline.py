@@ -186,8 +186,8 @@ def _define_flags() -> None:
     flags.DEFINE_list("loops", ["paced", "unpaced"], f"decode loops from {LOOPS}, interleaved: "
                       "the engine's host loop paced or not, or the whole decode as one call "
                       "(engine._decode_on_device)")
-    flags.DEFINE_string("drafter_attn_impl", "xla", "the drafter's attention implementation "
-                        "(pallas_kernels registry: xla, pallas_triton)")
+    flags.DEFINE_string("drafter_attn_impl", "auto", "the drafter's attention implementation "
+                        "(pallas_kernels registry: auto = by backend, xla, pallas_triton)")
     flags.DEFINE_string("out", "", "write all points as JSON here")
 
 

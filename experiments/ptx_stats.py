@@ -190,7 +190,7 @@ def dump_drafter(configs, ctxs, *, dims, out_dir) -> list[dict]:
             for n in ctxs:
                 bf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)   # noqa: E731
                 specs = (bf(num_s, b, h, hd), bf(num_s, kvh, n, hd), bf(num_s, kvh, n, hd),
-                         jax.ShapeDtypeStruct((num_s, n), jnp.bool_), bf(num_s, b, kvh, hd),
+                         jax.ShapeDtypeStruct((num_s,), jnp.int32), bf(num_s, b, kvh, hd),
                          bf(num_s, b, kvh, hd))
                 fn = functools.partial(pallas_triton.drafter_attention_pallas, scale=hd ** -0.5,
                                        block_n=block_n, num_warps=warps, num_stages=stages)

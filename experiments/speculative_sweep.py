@@ -66,7 +66,7 @@ def grid(cfg, pair_id: str) -> list[dict]:
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
                         requests=cfg.requests, decode_loop=cfg.get("decode_loop", "auto"),
-                        drafter_attn_impl=cfg.get("drafter_attn_impl", "xla"))
+                        drafter_attn_impl=cfg.get("drafter_attn_impl", "auto"))
             methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
                 methods += [("ddtree", int(b)) for b in cfg.budgets]

@@ -3,7 +3,7 @@
   PYTHONPATH=. python experiments/step_profile.py --methods=ar,dflash,ddtree --budgets=16,64 \
       --streams=1,16 --out=$OUT/step_profile.json
   PYTHONPATH=. python experiments/step_profile.py --methods=ddtree --budgets=64 --streams=1,16 \
-      --drafter_attn_impl=pallas_triton                   # the drafter's attention as one kernel
+      --drafter_attn_impl=xla                             # the drafter's attention as XLA ops
   PYTHONPATH=. python experiments/step_profile.py --dtype=float32 --streams=1 --budgets=8 --steps=3  # CPU
 
 Per (method, budget, streams) on the shipped pair and the held-out prompts: prefill, compile the
@@ -42,8 +42,8 @@ _TOP = flags.DEFINE_integer("top", 8, "kernels (and source scopes) listed per po
 _DEPTH = flags.DEFINE_integer("depth", 4, "segments of a kernel's source scope it is grouped by, "
                               "e.g. 4: verify/Decoder/layers_*/self_attn")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "pair dtype")
-_DRAFTER_ATTN = flags.DEFINE_string("drafter_attn_impl", "xla", "the drafter's attention "
-                                    "implementation (pallas_kernels registry: xla, pallas_triton)")
+_DRAFTER_ATTN = flags.DEFINE_string("drafter_attn_impl", "auto", "the drafter's attention "
+                                    "implementation (pallas_kernels registry: auto = by backend, xla, pallas_triton)")
 _OUT = flags.DEFINE_string("out", "", "write all points as JSON here")
 LOOPS = ("sync", "engine", "async")
 

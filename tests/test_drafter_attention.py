@@ -14,13 +14,15 @@ from pallas_kernels.drafter_attention.reference import drafter_attention_referen
 from tests.kernel_testing import assert_close, runnable_impls
 
 
-def _inputs(rng, bsz, b, h, kvh, hd, n, dtype=np.float32, visible=0.6):
+def _inputs(rng, bsz, b, h, kvh, hd, n, dtype=np.float32):
+    """Random operands; stream 0 has no context, stream 1 (if any) a full cache, the rest random
+    lengths."""
     draw = lambda *shape: rng.standard_normal(shape).astype(dtype)   # noqa: E731
-    mask = rng.random((bsz, n)) < visible
-    mask[0] = False                                   # a stream with no visible context
+    lengths = rng.integers(1, n + 1, bsz).astype(np.int32)
+    lengths[0] = 0
     if bsz > 1:
-        mask[1] = np.arange(n) < n // 3               # a prefix, as the engine's cache has
-    return (draw(bsz, b, h, hd), draw(bsz, kvh, n, hd), draw(bsz, kvh, n, hd), mask,
+        lengths[1] = n
+    return (draw(bsz, b, h, hd), draw(bsz, kvh, n, hd), draw(bsz, kvh, n, hd), lengths,
             draw(bsz, b, kvh, hd), draw(bsz, b, kvh, hd))
 
 
@@ -46,18 +48,31 @@ def test_matches_golden_bfloat16(impl):
     probabilities are rounded to bf16 before P @ V; measured 1.1-1.7e-3 over five seeds)."""
     rng = np.random.default_rng(7)
     args = _inputs(rng, 2, 16, 4, 1, 64, 300)
-    bf = [jnp.asarray(a, jnp.bfloat16) if a.dtype != bool else jnp.asarray(a) for a in args]
-    ref = drafter_attention_reference(*[np.asarray(x, np.float64) for x in bf], scale=0.125)
+    bf = [jnp.asarray(a, jnp.bfloat16) if a.dtype != np.int32 else jnp.asarray(a) for a in args]
+    ref = drafter_attention_reference(*[np.asarray(x, np.float64 if x.dtype == jnp.bfloat16 else x.dtype)
+                                       for x in bf], scale=0.125)
     assert_close(drafter_attention(*bf, scale=0.125, impl=impl), ref, 4e-3, impl)
 
 
-@pytest.mark.parametrize("block_n", [16, 64])
-def test_pallas_writes_every_row(block_n):
-    """Outputs poisoned with NaN before the kernel runs: every row must be written."""
-    rng = np.random.default_rng(3)
-    args = _inputs(rng, 3, 5, 8, 2, 16, 37)
-    out = drafter_attention_pallas(*map(jnp.asarray, args), scale=0.25, block_n=block_n, poison=True)
-    assert_close(out, drafter_attention_reference(*args, scale=0.25), 2e-6, "poisoned")
+@pytest.mark.parametrize("block_n,splits", [(16, 1), (64, 1), (16, 3), (8, 5), (16, None)])
+def test_pallas_splits_write_every_row(block_n, splits):
+    """One split or several (partials and the combine), including splits past a stream's
+    context, ranges that end mid-tile, and the default; outputs poisoned with NaN before the
+    kernel runs, so every row must be written."""
+    rng = np.random.default_rng(3 + block_n)
+    args = _inputs(rng, 4, 5, 8, 2, 16, 37)
+    out = drafter_attention_pallas(*map(jnp.asarray, args), scale=0.25, block_n=block_n,
+                                   num_splits=splits, poison=True)
+    assert_close(out, drafter_attention_reference(*args, scale=0.25), 2e-6, f"{block_n}x{splits}")
+
+
+def test_default_splits():
+    """Up to 128 programs in all, never more splits than context tiles."""
+    from pallas_kernels.drafter_attention.pallas_triton import default_splits
+    assert default_splits(1, 289, 64) == 5          # one stream: one tile per split
+    assert default_splits(16, 1024, 64) == 8        # 16 streams: 128 programs
+    assert default_splits(128, 1000, 64) == 1
+    assert default_splits(1, 1, 64) == 1
 
 
 def test_bad_shapes_are_named():
@@ -67,8 +82,10 @@ def test_bad_shapes_are_named():
         drafter_attention(q, ck[..., :4], cv, m, kb, vb, scale=1.0)
     with pytest.raises(ValueError, match="KV heads"):
         drafter_attention(q[:, :, :3], ck, cv, m, kb, vb, scale=1.0)
-    with pytest.raises(ValueError, match="ctx_mask"):
-        drafter_attention(q, ck, cv, m[:, :5], kb, vb, scale=1.0)
+    with pytest.raises(ValueError, match="ctx_lengths"):
+        drafter_attention(q, ck, cv, m[:1], kb, vb, scale=1.0)
+    with pytest.raises(ValueError, match="ctx_lengths"):
+        drafter_attention(q, ck, cv, m.astype(jnp.float32), kb, vb, scale=1.0)
     with pytest.raises(ValueError, match="v_blk"):
         drafter_attention(q, ck, cv, m, kb, vb[:, :2], scale=1.0)
     with pytest.raises(ValueError, match="power-of-two head_dim"):

@@ -11,7 +11,7 @@ from pallas_kernels import registry
 
 
 @registry.register("drafter_attention", "xla")
-def drafter_attention_xla(q, ctx_k, ctx_v, ctx_mask, k_blk, v_blk, *, scale: float) -> jax.Array:
+def drafter_attention_xla(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float) -> jax.Array:
     """See the package docstring. Products in ctx_k's dtype with float32 accumulation; softmax in
     float32. The context is head-major, so both context products are plain batched GEMMs over
     (B, KV) with no transposed copy of it."""
@@ -20,7 +20,8 @@ def drafter_attention_xla(q, ctx_k, ctx_v, ctx_mask, k_blk, v_blk, *, scale: flo
     q = q.astype(dt).reshape(bsz, b, kvh, h // kvh, hd)           # query head h -> kv head h // G
     dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
     s_ctx = dot("bqkgd,bknd->bkgqn", q, ctx_k)
-    s_ctx = jnp.where(ctx_mask[:, None, None, None, :], s_ctx, -jnp.inf)
+    seen = jnp.arange(ctx_k.shape[2])[None, :] < ctx_lengths[:, None]             # [B, N]
+    s_ctx = jnp.where(seen[:, None, None, None, :], s_ctx, -jnp.inf)
     s_blk = dot("bqkgd,bnkd->bkgqn", q, k_blk.astype(dt))
     p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], axis=-1) * scale, axis=-1)
     p, n = p.astype(dt), ctx_k.shape[2]
