@@ -23,7 +23,7 @@ syntax of kernel_bench.py --variants). --kernel=drafter: the drafter's block att
 context length in --drafter_ctx and each BLOCK_NxWARPSxSTAGES in --drafter_configs:
 
   PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \
-      --kernel=drafter --drafter_ctx=256,1024 --drafter_configs=64x4x2,32x4x2
+      --kernel=drafter --drafter_ctx=256,1024 --drafter_configs=64x4x1,32x4x1
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ def dump_drafter(configs, ctxs, *, dims, out_dir) -> list[dict]:
                                        block_n=block_n, num_warps=warps, num_stages=stages)
                 jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
                 key = f"{cfg} N={n}"
-                manifest.append(dict(key=key, config=cfg, q=n, splits=1,
+                splits = pallas_triton.default_splits(num_s * kvh, n, block_n)
+                manifest.append(dict(key=key, config=cfg, q=n, splits=splits,
                                      ttir=_write(out_dir, key, cap.modules[-1]),
                                      num_warps=warps, num_stages=stages))
     return manifest
@@ -296,7 +297,8 @@ if __name__ == "__main__":
         flags.DEFINE_list("drafter_dims", ["1", "16", "4", "1", "64"],
                           "drafter: streams, block, heads, KV heads, head_dim (the shipped drafter)")
         flags.DEFINE_list("drafter_ctx", ["256", "1024"], "drafter: context slots N")
-        flags.DEFINE_list("drafter_configs", ["64x4x2"], "drafter: BLOCK_NxWARPSxSTAGES")
+        flags.DEFINE_list("drafter_configs", ["64x4x1"], "drafter: BLOCK_NxWARPSxSTAGES (splits: "
+                          "the kernel's default for the shape)")
         flags.DEFINE_string("triton_python", None, "a Python with a pip Triton (not the project's venv)")
         flags.mark_flag_as_required("triton_python")
         app.run(main)
