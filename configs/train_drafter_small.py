@@ -19,6 +19,7 @@ def get_config() -> ConfigDict:
     c.corpus_cache = "runs/data/corpus.npz"
     c.corpus_max_files = 0            # 0: every training file
     c.distill_data = "runs/distill/greedy.npz"  # "": train on corpus windows instead
+    c.init_from = ""                  # an exported drafter to fine-tune ("": random weights)
     c.num_hidden_layers = 2
     c.target_layer_ids = (1, 3)       # () = the DFlash reference spacing
     c.block_size = 16

@@ -9,7 +9,9 @@ Per batch: one causal target forward (no cache) gives the taps; `anchors_per_seq
 per sequence each get a block [token at anchor, MASK x (B-1)] that sees the context strictly before
 the anchor plus its own block; cross-entropy on slots 1..B-1 against the true next tokens (or, with
 --config.labels=target, the target's greedy tokens after the true prefix), weighted by
-exp(-(k-1)/gamma). The drafter uses the target's embedding and lm_head (frozen). Orbax
+exp(-(k-1)/gamma). The drafter uses the target's embedding and lm_head (frozen).
+--config.init_from=dir starts from an exported drafter of the same architecture (fine-tuning;
+the run's own schedule and optimizer state start fresh) instead of random weights. Orbax
 checkpoints under --workdir (resumable), loss.png and summary.json there; --export_dir writes the
 z-lab HF layout (`save_drafter`).
 """
@@ -32,7 +34,7 @@ from ddtree_jax import data, training
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.config import DrafterConfig
 from ddtree_jax.drafter import init_drafter
-from ddtree_jax.drafter_io import save_drafter
+from ddtree_jax.drafter_io import load_drafter, save_drafter
 from ddtree_jax.tokenizer import MASK, Tokenizer
 
 
@@ -40,6 +42,23 @@ def drafter_config(c, tcfg) -> DrafterConfig:
     extra = {"target_layer_ids": tuple(c.target_layer_ids)} if c.target_layer_ids else {}
     return DrafterConfig.for_target(tcfg, num_hidden_layers=c.num_hidden_layers, block_size=c.block_size,
                                     mask_token_id=MASK, **extra)
+
+
+def initial_params(c, dcfg: DrafterConfig) -> tuple[dict, dict | None]:
+    """float32 params to start from: random, or the drafter exported at c.init_from (which must
+    have the run's architecture) -> (params, None or {"path", "sha256"} of the weights file)."""
+    if not c.init_from:
+        return init_drafter(dcfg, jax.random.key(c.seed), jnp.float32), None
+    icfg, params = load_drafter(c.init_from, dtype=jnp.float32)
+    want, got = dcfg.to_hf(), icfg.to_hf()
+    diff = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    if diff:
+        raise ValueError(f"init_from {c.init_from!r}: its drafter config differs from this run's in "
+                         + ", ".join(f"{k} ({got.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
+    names = ("model.safetensors", "model.safetensors.index.json")   # single file, or sharded
+    weights = next(os.path.join(c.init_from, n) for n in names
+                   if os.path.isfile(os.path.join(c.init_from, n)))
+    return params, {"path": os.path.abspath(c.init_from), "sha256": data.file_sha256(weights)}
 
 
 def train(c, workdir: str, export_dir: str | None = None) -> dict:
@@ -65,7 +84,7 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
         return (training.apply_updates(params, updates, lr), opt_state, loss,
                 {"acc1": metrics["slot_acc"][0], "tau_data": metrics["tau_data"]})
 
-    params = init_drafter(dcfg, jax.random.key(c.seed), jnp.float32)
+    params, init = initial_params(c, dcfg)
     fresh = dict(params=params, opt_state=tx.init(params), step=np.int32(0),
                  total_steps=np.int32(c.steps), losses=np.zeros(c.steps, np.float32))
     trainer = training.Trainer(workdir)
@@ -88,6 +107,7 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
                "slot_accuracy": [float(a) for a in metrics["slot_acc"]],
                "tau_on_data": float(metrics["tau_data"]), "loop_seconds": time.perf_counter() - t0,
                "device": jax.devices()[0].device_kind, "data": meta, "config": c.to_dict(),
+               "init": init,
                "command": " ".join(sys.argv)}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)

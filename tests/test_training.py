@@ -116,6 +116,27 @@ def test_train_drafter_on_distilled_rows(tmp_path):
     assert summary["steps"] == 1 and summary["data"]["command"].endswith("distill_data.py")
 
 
+def test_train_drafter_fine_tunes_an_exported_drafter(tmp_path):
+    tcfg = ModelConfig.preset("tiny", vocab_size=2048)
+    target = str(tmp_path / "target")
+    save_target_hf(target, tcfg, init_target(tcfg, jax.random.key(0)))
+    kw = dict(target=target, steps=1, anchors_per_seq=2, num_hidden_layers=1, target_layer_ids=(),
+              distill_data="")
+    first = str(tmp_path / "first")
+    train_drafter.train(_small(train_drafter_small.get_config(), tmp_path, **kw), str(tmp_path / "w1"),
+                        first)
+    # lr 0: the fine-tuned export must be the starting drafter, bit for bit
+    c = _small(train_drafter_small.get_config(), tmp_path, init_from=first, lr=0.0, weight_decay=0.0, **kw)
+    summary = train_drafter.train(c, str(tmp_path / "w2"), str(tmp_path / "second"))
+    assert summary["init"]["sha256"] == data.file_sha256(os.path.join(first, "model.safetensors"))
+    (_, a), (_, b) = (load_drafter(str(tmp_path / n), dtype=jnp.float32) for n in ("first", "second"))
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+    c = _small(train_drafter_small.get_config(), tmp_path, init_from=first,
+               **(kw | {"num_hidden_layers": 2}))
+    with pytest.raises(ValueError, match=r"init_from .*num_hidden_layers \(1 there, 2 here\)"):
+        train_drafter.train(c, str(tmp_path / "w3"))
+
+
 def _small(cfg, tmp_path, **kw):
     cfg.tokenizer = TOKENIZER
     cfg.corpus_cache = str(tmp_path / "corpus.npz")
