@@ -201,16 +201,17 @@ def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens,
     out_len = state.out_len + n_emit
     done = state.done | hit_stop | (out_len >= state.max_new)
 
-    # compaction: accepted path node p moves from slot start + path[p] to start + p
+    # compaction: accepted path node p moves from slot start + path[p] to start + p ("ar": its one
+    # node is already at start, so nothing moves)
     keep = jnp.where(active, acc_len, 0)
-    src = start[:, None] + jnp.maximum(path, 0)
-    dst = jnp.where(j < keep[:, None], start[:, None] + j, cache.max_len)
-    kv = tuple(layer.at[rows, dst].set(layer[rows, src], mode="drop") for layer in cache.kv)
-    tcache = tgt.LatentCache(kv=kv, lengths=start + keep)
-    dcache = state.dcache
+    kv, dcache = cache.kv, state.dcache
     if tree is not None:
+        src = start[:, None] + jnp.maximum(path, 0)
+        dst = jnp.where(j < keep[:, None], start[:, None] + j, cache.max_len)
+        kv = tuple(layer.at[rows, dst].set(layer[rows, src], mode="drop") for layer in kv)
         path_taps = jnp.take_along_axis(taps, jnp.maximum(path, 0)[..., None], axis=1)
         dcache = dft.append_context(dparams, plan.dcfg, dcache, path_taps, start[:, None] + j, keep)
+    tcache = tgt.LatentCache(kv=kv, lengths=start + keep)
     accept = state.accept.at[:, state.step].set(jnp.where(active, acc_len, 0), mode="drop")
     return shard_state(EngineState(
         tcache=tcache, dcache=dcache, pending=jnp.where(active, bonus, state.pending),
