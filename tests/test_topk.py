@@ -155,6 +155,23 @@ def test_select_configs_are_exact(cfg, kind):
     np.testing.assert_array_equal(np.asarray(values), want_v)
 
 
+def test_small_vocabulary_sizes_are_picked_and_exact():
+    """Where the default group step would keep every group (V = 2048, K = 64), the registered
+    operation's sizes keep half the groups, and few rows stop the element step at 2 kp; both
+    branches give the exact top-k, ties included."""
+    from pallas_kernels.topk.pallas_triton import SelectConfig, _topk, select_config
+
+    assert select_config(15, 163840, 64) == SelectConfig()
+    assert select_config(15, 2048, 64) == SelectConfig(group_cap=1, elem_cap=2)
+    assert select_config(240, 2048, 64) == SelectConfig(group_cap=1)
+    for rows, kind in ((15, "ints"), (80, "normal")):
+        x = _draw(np.random.default_rng(rows), kind, rows, 2048)
+        values, indices, lse = _topk(jnp.asarray(x), 64, True)
+        want_v, want_i = topk_ref(x, 64)
+        np.testing.assert_array_equal(np.asarray(indices), want_i)
+        np.testing.assert_array_equal(np.asarray(values), want_v)
+
+
 @pytest.mark.parametrize("field, value", [("group_cap", 3), ("elem_cap", 0), ("rank_pairs", 100),
                                           ("warps", 6), ("group", 12), ("chunk", 3000),
                                           ("chunk_warps", 0)])
