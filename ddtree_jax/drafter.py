@@ -6,6 +6,9 @@ block `[last accepted token, MASK x (b-1)]` embedded with the target's embedding
 k_proj/v_proj (k_norm, then RoPE at the context positions) and prepends it to the block's own keys
 and values. Attention is non-causal over context + block. The drafter has no embedding or lm_head
 of its own: it uses the target's `embed_tokens/embedding` and `lm_head/kernel`.
+Both projections (the block's input_layernorm + q/k/v, the context's hidden_norm + k/v, each with
+its head norms and RoPE) are the registry's "drafter_qkv" operation, and the attention is its
+"drafter_attention": `attn_impl` picks the implementation of both.
 
 Two forms share the same layers:
 - `drafter_hidden`: the reference forward, no cache (the whole context is given).
@@ -37,6 +40,7 @@ from ddtree_jax import sharding
 from ddtree_jax.config import DrafterConfig
 from ddtree_jax.model import Linear, RMSNorm, SwiGLU
 from pallas_kernels.drafter_attention import drafter_attention
+from pallas_kernels.drafter_qkv import drafter_qkv
 
 Dtype = Any
 
@@ -45,11 +49,15 @@ def _taps_width(cfg: DrafterConfig) -> int:
     return len(cfg.target_layer_ids) * cfg.hidden_size
 
 
-def _rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Qwen3 rotate-half RoPE: x [B,T,heads,hd], positions [B,T]; pair (i, i + hd/2) turns by
-    pos * theta**(-2i/hd), in float32."""
-    cos, sin = rope.tables(positions, rope.inv_freq(x.shape[-1], theta))
-    return rope.apply_half(x, cos[..., None, :], sin[..., None, :])
+class NormScale(nn.Module):
+    """An RMSNorm's weight `scale` [dim], made at setup so a fused kernel can read it; the norm
+    itself runs inside "drafter_qkv"."""
+
+    dim: int
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self):
+        self.scale = self.param("scale", nn.initializers.ones, (self.dim,), self.param_dtype)
 
 
 class DFlashAttention(nn.Module):
@@ -66,28 +74,33 @@ class DFlashAttention(nn.Module):
         self.k_proj = Linear(d, kv, self.param_dtype)
         self.v_proj = Linear(d, kv, self.param_dtype)
         self.o_proj = Linear(q, d, self.param_dtype)
-        self.q_norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
-        self.k_norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.q_norm = NormScale(c.head_dim, self.param_dtype)
+        self.k_norm = NormScale(c.head_dim, self.param_dtype)
 
-    def kv(self, x, positions):
-        """x [B,T,d], positions [B,T] -> k (k_norm, then RoPE), v: [B,T,KV,hd]."""
+    def project(self, x, positions, norm, with_q: bool):
+        """x [B,T,d] (RMSNorm'd by `norm` [d] first), positions [B,T] -> (q [B,T,H,hd] or None,
+        k, v [B,T,KV,hd]): q_norm/k_norm, then RoPE at the positions ("drafter_qkv")."""
         c = self.cfg
-        heads = lambda y: y.reshape(*y.shape[:-1], c.num_key_value_heads, c.head_dim)
-        k = _rope(self.k_norm(heads(self.k_proj(x))), positions, c.rope_theta)
-        return k, heads(self.v_proj(x))
+        return drafter_qkv(x, positions, self.q_proj.weight() if with_q else None,
+                           self.k_proj.weight(), self.v_proj.weight(),
+                           self.q_norm.scale if with_q else None, self.k_norm.scale,
+                           rope.inv_freq(c.head_dim, c.rope_theta), norm=norm, eps=c.rms_norm_eps,
+                           impl=self.attn_impl)
 
-    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths):
-        """x [B,b,d] (normed block), positions [B,b]; ctx_k/ctx_v [B,KV,N,hd] whose slots
-        < ctx_lengths [B] hold the context -> [B,b,d]. The attention itself is the registry's
-        "drafter_attention" (implementation `attn_impl`): products in ctx_k's dtype with float32
+    def kv(self, x, positions, norm):
+        """x [B,T,d] (RMSNorm'd by `norm` [d] first), positions [B,T] -> k, v [B,T,KV,hd]."""
+        return self.project(x, positions, norm, with_q=False)[1:]
+
+    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths, norm):
+        """x [B,b,d] the block (RMSNorm'd by `norm` [d] first), positions [B,b]; ctx_k/ctx_v
+        [B,KV,N,hd] whose slots < ctx_lengths [B] hold the context -> [B,b,d]. The attention
+        itself is the registry's "drafter_attention": products in ctx_k's dtype with float32
         accumulation, softmax over context + block in float32."""
         c = self.cfg
         bsz, b, _ = x.shape
-        q = self.q_norm(self.q_proj(x).reshape(bsz, b, c.num_attention_heads, c.head_dim))
-        q = _rope(q, positions, c.rope_theta).astype(ctx_k.dtype)
-        k_blk, v_blk = self.kv(x, positions)
-        o = drafter_attention(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, scale=c.head_dim ** -0.5,
-                              impl=self.attn_impl)
+        q, k_blk, v_blk = self.project(x, positions, norm, with_q=True)
+        o = drafter_attention(q.astype(ctx_k.dtype), ctx_k, ctx_v, ctx_lengths, k_blk, v_blk,
+                              scale=c.head_dim ** -0.5, impl=self.attn_impl)
         return self.o_proj(o.reshape(bsz, b, -1).astype(x.dtype))
 
 
@@ -100,22 +113,23 @@ class DFlashLayer(nn.Module):
 
     def setup(self):
         c = self.cfg
-        self.input_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.input_layernorm = NormScale(c.hidden_size, self.param_dtype)
         self.self_attn = DFlashAttention(c, self.param_dtype, self.attn_impl)
         self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, self.param_dtype)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, self.param_dtype)
 
-    def context_kv(self, ctx, positions):
-        return self.self_attn.kv(ctx, positions)
+    def context_kv(self, ctx, positions, norm):
+        return self.self_attn.kv(ctx, positions, norm)
 
     def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths):
-        h = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, ctx_lengths)
+        h = x + self.self_attn(x, positions, ctx_k, ctx_v, ctx_lengths, self.input_layernorm.scale)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DFlashDrafter(nn.Module):
     """The drafter: `context_kv` (taps -> per-layer context K/V) and `__call__` (block -> hidden);
-    attn_impl: the "drafter_attention" implementation its layers use."""
+    attn_impl: the "drafter_qkv" and "drafter_attention" implementation its layers use ("xla",
+    the default, is the one with gradients)."""
 
     cfg: DrafterConfig
     param_dtype: Dtype = jnp.float32
@@ -124,15 +138,16 @@ class DFlashDrafter(nn.Module):
     def setup(self):
         c = self.cfg
         self.fc = Linear(_taps_width(c), c.hidden_size, self.param_dtype)
-        self.hidden_norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+        self.hidden_norm = NormScale(c.hidden_size, self.param_dtype)
         self.layers = [DFlashLayer(c, self.param_dtype, self.attn_impl)
                        for _ in range(c.num_hidden_layers)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
     def context_kv(self, target_hidden, positions):
         """target_hidden [B,n,len(ids)*d] raw taps, positions [B,n] -> k, v [L,B,KV,n,hd]."""
-        ctx = self.hidden_norm(self.fc(target_hidden))
-        ks, vs = zip(*(layer.context_kv(ctx, positions) for layer in self.layers))
+        ctx = self.fc(target_hidden)            # each layer's projection applies hidden_norm
+        ks, vs = zip(*(layer.context_kv(ctx, positions, self.hidden_norm.scale)
+                       for layer in self.layers))
         return jnp.stack(ks).swapaxes(2, 3), jnp.stack(vs).swapaxes(2, 3)
 
     def __call__(self, noise_embedding, positions, ctx_k, ctx_v, ctx_lengths):
@@ -236,12 +251,13 @@ def _concrete(x):
 
 
 def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target_hidden: jax.Array,
-                   positions: jax.Array, num_new: jax.Array) -> DrafterCache:
+                   positions: jax.Array, num_new: jax.Array, attn_impl: str = "auto") -> DrafterCache:
     """Fuse and project new context tokens into the cache.
 
     target_hidden [S,n,len(ids)*d] raw taps, positions [S,n], num_new [S] int32 (<= n): token t of
     stream s goes to slot lengths[s] + t when t < num_new[s]; lengths advance by num_new. Outside
     jit, overflowing the cache raises; under jit the caller must keep lengths + num_new <= max_ctx.
+    attn_impl: the "drafter_qkv" implementation of the projection (pallas_kernels.registry).
     """
     num_streams, max_ctx = cache.lengths.shape[0], cache.k.shape[3]
     n = positions.shape[1]
@@ -254,8 +270,8 @@ def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target
     if new is not None and lengths is not None and (lengths + new > max_ctx).any():
         raise ValueError(f"drafter cache overflow: lengths {lengths.tolist()} + num_new "
                          f"{new.tolist()} exceeds max_ctx={max_ctx}")
-    k, v = DFlashDrafter(cfg).apply({"params": params}, target_hidden, positions,
-                                    method="context_kv")                    # [L,S,KV,n,hd]
+    k, v = DFlashDrafter(cfg, attn_impl=attn_impl).apply({"params": params}, target_hidden,
+                                                         positions, method="context_kv")  # [L,S,KV,n,hd]
     t = jnp.arange(n)
     slot = jnp.where(t < num_new[:, None], cache.lengths[:, None] + t, max_ctx)  # max_ctx: dropped
     row = jnp.arange(num_streams)[:, None]
@@ -273,8 +289,8 @@ def draft_block(params: dict, cfg: DrafterConfig, cache: DrafterCache, noise_emb
 
     The block attends to context slots < lengths[s] and to the whole block (non-causal); its own
     keys/values are not stored. Rows 1..b-1 of the result, through `draft_logits`, are the
-    drafts for depths 1..b-1 (row 0 is the anchor token). attn_impl: the "drafter_attention"
-    implementation (pallas_kernels.registry).
+    drafts for depths 1..b-1 (row 0 is the anchor token). attn_impl: the "drafter_qkv" and
+    "drafter_attention" implementation (pallas_kernels.registry).
     """
     num_streams = cache.lengths.shape[0]
     _check_shape("noise_embedding", noise_embedding, (num_streams, None, cfg.hidden_size))

@@ -210,7 +210,8 @@ def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens,
         dst = jnp.where(j < keep[:, None], start[:, None] + j, cache.max_len)
         kv = tuple(layer.at[rows, dst].set(layer[rows, src], mode="drop") for layer in kv)
         path_taps = jnp.take_along_axis(taps, jnp.maximum(path, 0)[..., None], axis=1)
-        dcache = dft.append_context(dparams, plan.dcfg, dcache, path_taps, start[:, None] + j, keep)
+        dcache = dft.append_context(dparams, plan.dcfg, dcache, path_taps, start[:, None] + j, keep,
+                                    attn_impl=plan.drafter_attn_impl)
     tcache = tgt.LatentCache(kv=kv, lengths=start + keep)
     accept = state.accept.at[:, state.step].set(jnp.where(active, acc_len, 0), mode="drop")
     return shard_state(EngineState(
@@ -298,7 +299,8 @@ def _prefill(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, max_le
     dcache = None
     if use_drafter:
         dcache = dft.init_drafter_cache(plan.dcfg, s, max_len, dtype)
-        dcache = dft.append_context(dparams, plan.dcfg, dcache, out.taps, positions, lengths)
+        dcache = dft.append_context(dparams, plan.dcfg, dcache, out.taps, positions, lengths,
+                                    attn_impl=plan.drafter_attn_impl)
     out_tokens = jnp.zeros((s, max_out), jnp.int32).at[:, 0].set(first)
     done = (max_new <= 1)
     if plan.stop_tokens:
