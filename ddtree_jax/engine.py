@@ -41,6 +41,7 @@ from ddtree_jax import tree as trees
 from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.sampling import Sampling, choose
 from pallas_kernels import registry
+from pallas_kernels.tree_accept import tree_accept
 
 METHODS = ("ar", "dflash", "ddtree")
 DECODE_LOOPS = ("auto", "host", "device")
@@ -173,20 +174,20 @@ def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens,
     posterior = choose(logits, sub, plan.sampling)                                  # [S, N]
     s = tokens.shape[0]
     start = state.tcache.lengths
+    active = ~state.done
     if tree is None:                                                                # "ar"
-        path = jnp.zeros((s, 1), jnp.int32)
-        acc_len = jnp.ones((s,), jnp.int32)
-        bonus = posterior[:, 0]
-    else:
-        path, acc_len, bonus = trees.follow_tree(tree, posterior)                  # [S, D+1]
-    depth = path.shape[1]
+        acc_len, bonus, path_tokens = jnp.ones((s,), jnp.int32), posterior[:, 0], tokens
+        kv = cache.kv   # its one node already sits at slot start: nothing moves
+    else:   # the walk and the compaction of the accepted nodes' cache entries ("tree_accept")
+        _, acc_len, bonus, path_tokens, kv, path_taps = sharding.per_stream(
+            functools.partial(tree_accept, impl=plan.topk_impl), tree, tokens, posterior, start,
+            active, cache.kv, taps)
+    depth = path_tokens.shape[1]
     j = jnp.arange(depth, dtype=jnp.int32)[None, :]
-    path_tokens = jnp.take_along_axis(tokens, jnp.maximum(path, 0), axis=1)
     nxt = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((s, 1), jnp.int32)], axis=1)
     emit = jnp.where(j < acc_len[:, None] - 1, nxt, bonus[:, None])              # [S, D+1]
 
     # stop tokens and max_new_tokens truncate this step's emission
-    active = ~state.done
     n_emit = jnp.minimum(acc_len, state.max_new - state.out_len)
     hit_stop = jnp.zeros_like(state.done)
     if plan.stop_tokens:
@@ -201,15 +202,9 @@ def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens,
     out_len = state.out_len + n_emit
     done = state.done | hit_stop | (out_len >= state.max_new)
 
-    # compaction: accepted path node p moves from slot start + path[p] to start + p ("ar": its one
-    # node is already at start, so nothing moves)
     keep = jnp.where(active, acc_len, 0)
-    kv, dcache = cache.kv, state.dcache
+    dcache = state.dcache
     if tree is not None:
-        src = start[:, None] + jnp.maximum(path, 0)
-        dst = jnp.where(j < keep[:, None], start[:, None] + j, cache.max_len)
-        kv = tuple(layer.at[rows, dst].set(layer[rows, src], mode="drop") for layer in kv)
-        path_taps = jnp.take_along_axis(taps, jnp.maximum(path, 0)[..., None], axis=1)
         dcache = dft.append_context(dparams, plan.dcfg, dcache, path_taps, start[:, None] + j, keep,
                                     attn_impl=plan.drafter_attn_impl)
     tcache = tgt.LatentCache(kv=kv, lengths=start + keep)
@@ -393,8 +388,11 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     stream; max_new_tokens: one int or one per stream; stop_tokens end a stream (the stop token is
     emitted); temperature 0 is greedy, otherwise tokens are sampled from the target's distribution
     (optionally top-k / top-p truncated). max_len: target cache slots per stream (default: just
-    enough). attn_impl, moe_impl, topk_impl: the target's kernel implementations ("auto": by
-    backend); drafter_attn_impl: the drafter's attention (likewise: "pallas_triton" on a GPU). `stage_times` are per-step seconds of the separately jitted stages (0 reps: skipped).
+    enough). attn_impl, moe_impl: the target's kernel implementations ("auto": by backend);
+    topk_impl: the tree's (the top-K, the search, and the accept walk with the cache compaction,
+    "tree_accept"); drafter_attn_impl: the drafter's projection and attention (likewise:
+    "pallas_triton" on a GPU). `stage_times` are per-step seconds of the separately jitted stages
+    (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
     steps_per_call: engine steps per dispatch of the compiled step (see `decode`), or between the

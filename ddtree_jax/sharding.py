@@ -226,6 +226,18 @@ def attention(fn: Callable, q, kv, lengths, node_mask, heads_first: bool = False
                          out_specs=qspec, check_vma=False)(q, kv, lengths, node_mask, q_rope)
 
 
+def per_stream(fn: Callable, *args):
+    """fn(*args) for an operation whose streams are independent: every array leaf of args and of
+    the result is [S, ...] (the "tree_accept" op). Under a mesh each streams shard runs fn on its
+    own streams (a kernel needs no other shard's rows); without one, fn itself."""
+    mesh = _current_mesh()
+    s = spec(("streams",), jax.tree.leaves(args)[0].shape[:1], mesh)[0] if mesh is not None else None
+    if s is None:
+        return fn(*args)
+    return jax.shard_map(fn, in_specs=jax.tree.map(lambda _: P(s), args), out_specs=P(s),
+                         check_vma=False)(*args)
+
+
 def moe_experts(fn: Callable, x, topk_ids, topk_weights, experts):
     """fn(x [T,d], ids [T,k], weights [T,k], experts) -> [T,d] (the "moe_experts" op), expert-
     parallel under a mesh: every shard runs its own experts on its streams' tokens (slots routed

@@ -60,4 +60,5 @@ def get(op: str, impl: str = "auto") -> Callable:
 @functools.cache
 def _load_all() -> None:
     # Importing the kernel modules registers their implementations.
-    from pallas_kernels import drafter_attention, mla_attention, moe, topk, tree_search  # noqa: F401
+    from pallas_kernels import (drafter_attention, drafter_qkv, mla_attention, moe, topk,  # noqa: F401
+                                tree_accept, tree_search)

@@ -112,7 +112,7 @@ def drafter_qkv_pallas(x, positions, wq, wk, wv, q_norm, k_norm, inv_freq, *, no
         kernel, out_shape=outs, grid=(pl.cdiv(rows, bm), nq + 2 * nkv),
         input_output_aliases={len(ins) + i: i for i in range(len(outs))} if poison else {},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=interpret_mode())
+        interpret=interpret_mode(), name="drafter_qkv" if nq else "drafter_kv")  # profiles' names
     got = call(*ins, *(jnp.full(s.shape, jnp.nan, s.dtype) for s in outs)) if poison else call(*ins)
     got = [o.reshape(bsz, t, -1, hd) for o in got]
     return (got[0] if nq else None), got[-2], got[-1]
