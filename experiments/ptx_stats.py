@@ -24,6 +24,10 @@ context length in --drafter_ctx and each BLOCK_NxWARPSxSTAGES in --drafter_confi
 
   PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \
       --kernel=drafter --drafter_ctx=256,1024 --drafter_configs=64x4x1,32x4x1
+
+--kernel=drafter_qkv / tree_accept: the drafter's fused projection (block and context forms) and
+the accept kernel at the shipped pair's shapes, per stream count in --small_streams. A kernel
+that Triton rejects shows its error here, before any device time is spent on it.
 """
 
 from __future__ import annotations
@@ -203,6 +207,65 @@ def dump_drafter(configs, ctxs, *, dims, out_dir) -> list[dict]:
     return manifest
 
 
+def dump_drafter_qkv(streams, *, out_dir) -> list[dict]:
+    """Lower the drafter's fused projection (pallas_kernels/drafter_qkv) at the shipped drafter's
+    shape (d 256, 4 heads over 1 KV head of 64), block (q, k, v; 16 slots a stream) and context
+    (k, v) forms, bf16, per stream count, and write its TTIR."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.drafter_qkv import pallas_triton
+
+    bf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)   # noqa: E731
+    manifest = []
+    with _Capture(pallas_triton) as cap:
+        for form in ("block", "context"):
+            for num_s in streams:
+                q = form == "block"
+                specs = (bf(num_s, 16, 256), jax.ShapeDtypeStruct((num_s, 16), jnp.int32),
+                         bf(256, 256) if q else None, bf(256, 64), bf(256, 64), bf(64) if q else None,
+                         bf(64), jax.ShapeDtypeStruct((32,), jnp.float32), bf(256))
+                fn = lambda x, p, wq, wk, wv, qn, kn, f, nm: pallas_triton.drafter_qkv_pallas(  # noqa: E731
+                    x, p, wq, wk, wv, qn, kn, f, norm=nm, eps=1e-6)
+                jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+                key = f"{form} S={num_s}"
+                manifest.append(dict(key=key, config=form, q=num_s, splits=1,
+                                     ttir=_write(out_dir, key, cap.modules[-1]), num_warps=4,
+                                     num_stages=1))
+    return manifest
+
+
+def dump_tree_accept(streams, *, out_dir) -> list[dict]:
+    """Lower the accept kernel (pallas_kernels/tree_accept) at the engine's shipped-pair shape
+    (budget 64, 15 draft depths, 4 layers of 80-wide bf16 latent cache, taps 512 wide) per stream
+    count, and write its TTIR."""
+    import jax
+    import jax.numpy as jnp
+
+    from ddtree_jax.tree import Tree
+    from pallas_kernels.tree_accept import pallas_triton
+
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)   # noqa: E731
+    manifest = []
+    with _Capture(pallas_triton) as cap:
+        for num_s in streams:
+            n, d = 65, 15
+            tree = Tree(tokens=i32(num_s, n - 1), depths=i32(num_s, n - 1), parents=i32(num_s, n),
+                        num_nodes=i32(num_s), visibility=jax.ShapeDtypeStruct((num_s, n, n), jnp.bool_),
+                        node_mask=i32(num_s, n, 3),
+                        scores=jax.ShapeDtypeStruct((num_s, n - 1), jnp.float32), max_depth=d)
+            kv = tuple(jax.ShapeDtypeStruct((num_s, 320, 80), jnp.bfloat16) for _ in range(4))
+            specs = (tree, i32(num_s, n), i32(num_s, n), i32(num_s),
+                     jax.ShapeDtypeStruct((num_s,), jnp.bool_), kv,
+                     jax.ShapeDtypeStruct((num_s, n, 512), jnp.bfloat16))
+            jax.jit(pallas_triton.tree_accept_pallas).trace(*specs).lower(lowering_platforms=("cuda",))
+            key = f"tree_accept S={num_s}"
+            manifest.append(dict(key=key, config="tree_accept", q=num_s, splits=1,
+                                 ttir=_write(out_dir, key, cap.modules[-1]), num_warps=4,
+                                 num_stages=1))
+    return manifest
+
+
 def dump_moe(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk=8, out_dir) -> list[dict]:
     """Lower the INT4 MoE kernels (gate_up, down) per (T, option set) and write their TTIR."""
     import jax
@@ -252,6 +315,10 @@ def main(_):
             manifest = dump_drafter(f.drafter_configs, [int(x) for x in f.drafter_ctx], dims=dims,
                                     out_dir=d)
             head = (f"drafter block attention, (S, b, H, KV, hd) = {dims}, sm_90a", "N")
+        elif f.kernel in ("drafter_qkv", "tree_accept"):
+            dump = dump_drafter_qkv if f.kernel == "drafter_qkv" else dump_tree_accept
+            manifest = dump([int(x) for x in f.small_streams], out_dir=d)
+            head = (f"{f.kernel}, shipped pair's shapes, sm_90a", "S")
         else:
             from experiments.kernel_bench import parse_variants
             manifest = dump_moe([int(x) for x in f.moe_tokens], parse_variants(f.moe_variants), out_dir=d)
@@ -282,7 +349,8 @@ if __name__ == "__main__":
     else:
         from absl import app, flags
 
-        flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter"],
+        flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept: stream counts")
+        flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept"],
                           "which Pallas:Triton kernel to compile")
         flags.DEFINE_list("configs", ["32x64x4x2"], "mla: BlockConfigs, BMxBNxWARPSxSTAGES[vV_SPLIT][d]")
         flags.DEFINE_list("q", ["16", "64", "256"], "mla: new tokens per stream")

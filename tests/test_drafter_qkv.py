@@ -1,6 +1,10 @@
 """The drafter's fused projection ("drafter_qkv"): every implementation against the float64 numpy
 golden, outputs poisoned, argument checks, and the drafter's forward equal across implementations."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -134,3 +138,11 @@ def test_drafter_equal_across_implementations():
     (ca, ha), (cb, hb) = outs
     for a, b in ((ca.k, cb.k), (ca.v, cb.v), (ha, hb)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+
+
+def test_kernel_packages_import_first():
+    """Each kernel package imports on its own, before ddtree_jax (which imports them): no cycle."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for module in ("pallas_kernels.drafter_qkv", "pallas_kernels.tree_accept", "pallas_kernels.registry"):
+        subprocess.run([sys.executable, "-c", f"import {module}"], cwd=root, check=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
