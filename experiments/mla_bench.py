@@ -16,6 +16,8 @@ config's time per shape, the fastest, and its speedup over the first config (the
       --configs=32x64x4x2,64x32x4x2v2,64x32x8x2v2,128x32x8x2v4 --budget_s=200    # V-split variants
   python3 experiments/mla_bench.py --ctx=8192 --q=16,64,256 --streams=8,16 \
       --configs=32x64x4x2,64x32x8x2d,64x32x16x2d,64x32x8x3d --budget_s=420   # deferred P @ V
+  python3 experiments/mla_bench.py --ctx=8192,32768,1024 --q=16,64,256,4 --streams=1,16,8 \
+      --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --budget_s=400    # one-pass vs two-pass
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ flags.DEFINE_list("streams", ["1", "8", "16"], "streams S")
 flags.DEFINE_integer("heads", 64, "query heads H")
 flags.DEFINE_integer("dk", 576, "latent width (kv_lora + rope)")
 flags.DEFINE_integer("v_dim", 512, "value width (kv_lora)")
-flags.DEFINE_list("configs", ["32x64x4x2"],
-                  "pallas BlockConfigs block_m x block_n x warps x stages, optional vN = v_split, d = defer_pv; "
+flags.DEFINE_list("configs", ["auto"],
+                  "pallas configs: 'auto' (select_config's pick per shape), one-pass block_m x block_n x warps x stages, optional vN = v_split, "
+                  "d = defer_pv; or two-pass 'tpMxNxWxS-MxVxKxWxS' (scores GEMM, P @ V GEMM); "
                   "first = baseline")
 flags.DEFINE_list("impls", ["pallas_triton", "xla"], "implementations to time")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
@@ -120,14 +123,18 @@ def golden_check(heads, dk, v_dim, configs) -> dict:
     ref = mla_attention_reference(q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim)
     errs = {"xla": _rel(xla.mla_attention_xla(q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim), ref)}
     for name, cfg in configs.items():
-        for splits in (1, 5):
-            cfg_s = dataclasses.replace(cfg, num_splits=splits)
+        for splits in ((1, 5) if isinstance(cfg, pallas_triton.BlockConfig) else (None,)):   # auto, two-pass: as is
+            cfg_s = dataclasses.replace(cfg, num_splits=splits) if splits else cfg
+            key = f"pallas {name}" + (f" splits={splits}" if splits else "")
             try:
                 out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim,
                                                          config=cfg_s, poison=True)
-                errs[f"pallas {name} splits={splits}"] = _rel(out, ref)
+                errs[key] = _rel(out, ref)
             except Exception as e:  # report and go on: one config failing must not end the run
-                errs[f"pallas {name} splits={splits}"] = f"{type(e).__name__}: {_short(e)}"
+                errs[key] = f"{type(e).__name__}: {_short(e)}"
+    bad = {k: v for k, v in errs.items() if not (isinstance(v, float) and v <= _GOLDEN_TOL)}
+    if bad:
+        print(f"golden check FAILED (tolerance {_GOLDEN_TOL}): {bad}")
     return errs
 
 
@@ -164,7 +171,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
 
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
     """
-    configs = configs or {"32x64x4x2": pallas_triton.BlockConfig()}
+    configs = configs or {"auto": None}
     ceilings = ceilings or measure_ceilings()
     copy_bw = ceilings["copy_tbps"] * 1e12
     rate = max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12
@@ -267,7 +274,7 @@ def variants_table(rows: list[dict], names: list[str]) -> str:
 
 
 def main(_):
-    configs = {c: pallas_triton.BlockConfig.parse(c) for c in FLAGS.configs}
+    configs = {c: None if c == "auto" else pallas_triton.parse_config(c) for c in FLAGS.configs}
     ceilings = measure_ceilings()
     print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs)

@@ -152,14 +152,16 @@ def _write(out_dir: str, key: str, ttir: str) -> str:
 
 
 def dump_mla(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dict]:
-    """Lower the MLA kernel for CUDA per (config, Q) and write its TTIR; returns the compile manifest."""
+    """Lower the MLA kernels for CUDA per (config, Q) and write their TTIR; returns the compile
+    manifest. A two-pass config ('tp...') gives three kernels: its context and tree scores and its
+    P @ V GEMM."""
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels.mla_attention import pallas_triton
+    from pallas_kernels.mla_attention import pallas_triton, two_pass
 
     manifest = []
-    with _Capture(pallas_triton) as cap:
+    with _Capture(pallas_triton, two_pass) as cap:
         for cfg in configs:
             for num_q in qs:
                 specs = (jax.ShapeDtypeStruct((num_s, num_q, heads, dk), jnp.bfloat16),
@@ -168,13 +170,21 @@ def dump_mla(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dict
                          jax.ShapeDtypeStruct((num_s, num_q, -(-num_q // 32)), jnp.int32))
                 fn = lambda *a, cfg=cfg: pallas_triton.mla_attention_pallas(*a, scale=dk ** -0.5, v_dim=v_dim,
                                                                             config=cfg)
+                before = len(cap.modules)
                 jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
-                key = f"{cfg.name} Q={num_q}"
-                splits = cfg.num_splits or pallas_triton.default_splits(
-                    num_s, num_q * heads, ctx + num_q, cfg.block_m, cfg.v_split)
-                manifest.append(dict(key=key, config=cfg.name, q=num_q, splits=splits,
-                                     ttir=_write(out_dir, key, cap.modules[-1]),
-                                     num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+                if isinstance(cfg, two_pass.TwoPassConfig):
+                    parts = [("scores", cfg.score_warps, cfg.score_stages),
+                             ("tree_scores", cfg.score_warps, cfg.score_stages), ("pv", cfg.pv_warps, cfg.pv_stages)]
+                    splits = 1
+                else:
+                    parts = [("", cfg.num_warps, cfg.num_stages)]
+                    splits = cfg.num_splits or pallas_triton.default_splits(
+                        num_s, num_q * heads, ctx + num_q, cfg.block_m, cfg.v_split)
+                for (part, warps, stages), ttir in zip(parts, cap.modules[before:]):
+                    key = f"{cfg.name}{' ' + part if part else ''} Q={num_q}"
+                    manifest.append(dict(key=key, config=f"{cfg.name}{' ' + part if part else ''}", q=num_q,
+                                         splits=splits, ttir=_write(out_dir, key, ttir), num_warps=warps,
+                                         num_stages=stages))
     return manifest
 
 
@@ -306,8 +316,8 @@ def main(_):
     f = flags.FLAGS
     with tempfile.TemporaryDirectory() as d:
         if f.kernel == "mla":
-            from pallas_kernels.mla_attention.pallas_triton import BlockConfig
-            manifest = dump_mla([BlockConfig.parse(c) for c in f.configs], [int(x) for x in f.q],
+            from pallas_kernels.mla_attention.pallas_triton import parse_config
+            manifest = dump_mla([parse_config(c) for c in f.configs], [int(x) for x in f.q],
                                 num_s=f.streams, ctx=f.ctx, heads=f.heads, dk=f.dk, v_dim=f.v_dim, out_dir=d)
             head = (f"MLA ctx={f.ctx} S={f.streams} H={f.heads} Dk={f.dk} v_dim={f.v_dim}, sm_90a", "Q")
         elif f.kernel == "drafter":
@@ -352,7 +362,8 @@ if __name__ == "__main__":
         flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept: stream counts")
         flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept"],
                           "which Pallas:Triton kernel to compile")
-        flags.DEFINE_list("configs", ["32x64x4x2"], "mla: BlockConfigs, BMxBNxWARPSxSTAGES[vV_SPLIT][d]")
+        flags.DEFINE_list("configs", ["32x64x4x2"], "mla: BlockConfigs, BMxBNxWARPSxSTAGES[vV_SPLIT][d], or "
+                          "two-pass tpMxNxWxS-MxVxKxWxS")
         flags.DEFINE_list("q", ["16", "64", "256"], "mla: new tokens per stream")
         flags.DEFINE_integer("streams", 8, "mla: streams S (sets the split count, as in the benchmark)")
         flags.DEFINE_integer("ctx", 8192, "mla: context length")

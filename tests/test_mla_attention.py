@@ -8,12 +8,14 @@ the GPU, with NaN-poisoned (aliased) output buffers so unwritten rows fail.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, pallas_triton,
+from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, pallas_triton, two_pass,
                                           visibility_to_mask, xla)
 from pallas_kernels.mla_attention.reference import (mla_attention_reference,
                                                     visibility_from_mask_reference)
@@ -312,3 +314,86 @@ def test_defer_pv_parse_and_checks():
     with pytest.raises(ValueError, match="block_n"):
         pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.1, v_dim=16,
                                            config=pallas_triton.BlockConfig(block_n=64, defer_pv=True))
+
+
+# Two-pass path (two_pass.py): a scores GEMM writing P, m, l, then a P @ V GEMM.
+TWO_PASS_SMALL = [two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2),     # 32-wide tiles: a word each
+                  two_pass.TwoPassConfig(16, 64, 4, 2, 32, 32, 32, 4, 2)]     # 64-wide: two words per tile
+
+
+@pytest.mark.parametrize("config", TWO_PASS_SMALL, ids=lambda c: c.name)
+@pytest.mark.parametrize("num_q", [10, 37, 70])
+def test_two_pass_poisoned(config, num_q):
+    """Ragged ctx incl. 0 and off the tiles, Q spanning 1-3 mask words (1-3 tree tiles), a row that
+    sees nothing; NaN-poisoned P, m, l and output; both layouts and the rope part given apart."""
+    q, kv, ctx_lens, node_mask, vis = make_case(20 + num_q, 3, num_q, 3, 40, 32, 200, [0, 41, 200 - num_q],
+                                                ["bushy", "random", "chain"], jnp.float32)
+    vis[0, num_q // 2] = False          # stream 0 has no context: this row sees nothing
+    node_mask = visibility_to_mask(vis)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32)
+    for heads_first, rope_apart in [(False, False), (True, True)]:
+        lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
+        qq, qr = (lay(q[..., :32]), lay(q[..., 32:])) if rope_apart else (lay(q), None)
+        out = pallas_triton.mla_attention_pallas(qq, kv, ctx_lens, node_mask, scale=0.2, v_dim=32, config=config,
+                                                 poison=True, heads_first=heads_first, q_rope=qr)
+        assert_close(lay(out), ref, 1e-5, f"two-pass {config.name} heads_first={heads_first}")
+        assert np.all(np.asarray(lay(out))[0, num_q // 2] == 0)
+
+
+def test_two_pass_k2_widths_bf16():
+    """Kimi-K2 widths (Dk 512 + 64, the rope part inside the one Dk loop), the default tiles, bf16,
+    Q = 37, ctx 0 and off the tiles, poisoned."""
+    q, kv, ctx_lens, node_mask, _ = make_case(8, 2, 37, 2, 576, 512, 300, [0, 170], ["bushy", "star"],
+                                              jnp.bfloat16)
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
+                                             config=two_pass.TwoPassConfig(), poison=True)
+    assert out.shape == (2, 37, 2, 512) and out.dtype == jnp.bfloat16
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
+    assert_close(out, ref, TOL[jnp.bfloat16], "two-pass k2 widths")
+
+
+def test_two_pass_context_splits_and_stream_groups(monkeypatch):
+    """P @ V split over the context (float32 partials added) and streams run in groups (a P budget
+    of one stream): both equal the golden, poisoned."""
+    q, kv, ctx_lens, node_mask, _ = make_case(9, 3, 12, 2, 40, 32, 400, [388, 0, 77], ["bushy", "chain", "star"],
+                                              jnp.float32)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32)
+    cfg = TWO_PASS_SMALL[0]
+    assert two_pass.pv_splits(3, 24, 32, 400, 12, cfg) > 1            # few programs: the context is split
+    monkeypatch.setattr(two_pass, "_P_BYTES", 1)                      # one stream per group
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32, config=cfg,
+                                             poison=True)
+    assert_close(out, ref, 1e-5, "two-pass splits and groups")
+    monkeypatch.setattr(two_pass, "pv_splits", lambda *a: 1)
+    out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.21, v_dim=32, config=cfg,
+                                             poison=True)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.21, v_dim=32)
+    assert_close(out, ref, 1e-5, "two-pass, one split")
+
+
+def test_select_config_picks_two_pass_for_k2_shapes():
+    """>= 256 rows at K2 widths from 1024 slots: two-pass; plain decode, narrow latents: one-pass;
+    the registered implementation follows it (here 32 nodes x 8 heads over 1100 slots)."""
+    assert isinstance(pallas_triton.select_config(64 * 16, 8208, 512), two_pass.TwoPassConfig)
+    assert isinstance(pallas_triton.select_config(64, 8193, 512), pallas_triton.BlockConfig)        # Q = 1
+    assert isinstance(pallas_triton.select_config(65 * 4, 2048, 64), pallas_triton.BlockConfig)     # small pair
+    assert isinstance(pallas_triton.select_config(1024, 500, 512), pallas_triton.BlockConfig)
+    q, kv, ctx_lens, node_mask, _ = make_case(10, 1, 32, 8, 576, 512, 1100, [1060], ["bushy"], jnp.bfloat16)
+    out = mla_attention(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512, impl="pallas_triton")
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
+    assert_close(out, ref, TOL[jnp.bfloat16], "pallas_triton auto (two-pass)")
+
+
+def test_two_pass_config_parse_and_checks():
+    cfg = pallas_triton.parse_config("tp128x64x4x3-64x256x32x8x2")
+    assert cfg == two_pass.TwoPassConfig(128, 64, 4, 3, 64, 256, 32, 8, 2) and cfg.name == "tp128x64x4x3-64x256x32x8x2"
+    assert pallas_triton.parse_config(two_pass.TwoPassConfig().name) == two_pass.TwoPassConfig()
+    assert pallas_triton.parse_config("32x64x4x2") == pallas_triton.BlockConfig()
+    with pytest.raises(ValueError, match="tpMxNxWxS-MxVxKxWxS"):
+        pallas_triton.parse_config("tp128x64x4x3")
+    q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 2, 24, 16, 40, [10], ["chain"], jnp.float32)
+    for bad, match in [(dict(score_n=16), "score_n must be >= 32"), (dict(score_m=48), "score_m must be a power"),
+                       (dict(score_n=32, pv_k=64), "pv_k=64 must divide score_n=32")]:
+        with pytest.raises(ValueError, match=match):
+            pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=0.1, v_dim=16,
+                                               config=dataclasses.replace(two_pass.TwoPassConfig(), **bad))

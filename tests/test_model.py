@@ -8,6 +8,7 @@ import pytest
 import ddtree_jax as dj
 from ddtree_jax.reference import int4_ref, model_ref
 from pallas_kernels import moe
+from pallas_kernels.mla_attention import pallas_triton as mla_pallas
 from tests.kernel_testing import assert_close
 
 TOL = 1e-5  # float32 JAX vs float64 golden, relative L2 error of the logits
@@ -66,8 +67,17 @@ def test_init_target_int4_runs(tiny):
     assert set(params["layers_1"]["mlp"]["experts"]) >= {"gate_qweight", "down_qscale"}
 
 
-def test_pallas_kernels_in_the_model_equal_xla(tiny):
-    """Tree verify with the Pallas attention and MoE kernels (interpret mode off the GPU) equals xla."""
+@pytest.mark.parametrize("mla_path", ["one_pass", "two_pass"])
+def test_pallas_kernels_in_the_model_equal_xla(tiny, mla_path, monkeypatch):
+    """Tree verify with the Pallas attention and MoE kernels (interpret mode off the GPU) equals xla;
+    two_pass: the attention's two-pass GEMMs, which select_config keeps for K2-size shapes."""
+    calls = []
+    if mla_path == "two_pass":
+        for name in ("_TWO_PASS_ROWS", "_TWO_PASS_V_DIM", "_TWO_PASS_SLOTS"):
+            monkeypatch.setattr(mla_pallas, name, 1)
+        two_pass = mla_pallas.mla_attention_two_pass
+        monkeypatch.setattr(mla_pallas, "mla_attention_two_pass", lambda *a, **k: calls.append(1) or two_pass(*a, **k))
+        jax.clear_caches()
     cfg = tiny.replace(quant=dj.QuantConfig("int4"))
     jparams, _, _ = _params(cfg, seed=14, fmt="int4")
     prefix, nodes = _tokens(cfg, (2, 6), seed=15), _tokens(cfg, (2, 5), seed=16)
@@ -81,6 +91,7 @@ def test_pallas_kernels_in_the_model_equal_xla(tiny):
     assert_close(outs["pallas_triton"].logits, outs["xla"].logits, 1e-5, "verify logits")
     for a, b in zip(outs["pallas_triton"].cache.kv, outs["xla"].cache.kv):
         assert_close(a, b, 1e-5, "latent cache")
+    assert bool(calls) == (mla_path == "two_pass")
 
 
 def test_prefill_then_decode_equals_full_forward(tiny):

@@ -3,7 +3,9 @@
 Absorbed MLA is multi-query attention: H query heads share one latent KV head of width Dk
 (kv_lora + rope); values are the first `v_dim` latent channels. Query i of stream s attends to
 cache slots j < ctx_lens[s] and to the Q new tokens (slots ctx_lens[s] + t) its ancestor bitmask
-allows. Implementations: "xla" (chunked pure JAX), "pallas_triton" (flash-decoding kernel).
+allows. Implementations: "xla" (chunked pure JAX), "pallas_triton" (a one-pass flash-decoding
+kernel, pallas_triton.py, or for K2-size verify shapes a scores GEMM and a P @ V GEMM, two_pass.py;
+pallas_triton.select_config picks).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Pallas:Triton MLA tree-verify attention (flash-decoding over the latent cache).
 
+This file holds the one-pass kernel and the registered entry point; `select_config` sends
+K2-size verify shapes to the two-pass GEMMs of two_pass.py instead (1.2-2.1x faster there on an
+H200), keeping this kernel for plain decode (Q = 1) and narrow latents.
+
 Rows of a program are BLOCK_M consecutive (node, head) pairs of one stream (q viewed as
 [S, Q*H, Dk]), so each K/V tile loaded from the shared latent head serves BLOCK_M query rows.
 The latent [.., :v_dim] and rope [.., v_dim:] widths must be powers of two (512 + 64 for Kimi-K2).
@@ -35,11 +39,15 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
+from pallas_kernels.mla_attention.two_pass import TwoPassConfig, fit_config, mla_attention_two_pass
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 _TREE_BLOCK = 32
 _TARGET_PROGRAMS = 264          # about two waves of the H200's 132 SMs
 _MIN_SPLIT = 256                # fewest cache slots worth a split of their own
+_TWO_PASS_ROWS = 256            # select_config: (node, head) rows per stream, latent width and
+_TWO_PASS_V_DIM = 256           # cache slots from which the two-pass path is used
+_TWO_PASS_SLOTS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +80,22 @@ class BlockConfig:
 
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
+
+
+def parse_config(text: str) -> "BlockConfig | TwoPassConfig":
+    """A config by name: 'tp...' is the two-pass path (TwoPassConfig.parse), anything else the
+    one-pass kernel (BlockConfig.parse)."""
+    return TwoPassConfig.parse(text) if text.startswith("tp") else BlockConfig.parse(text)
+
+
+def select_config(rows: int, num_slots: int, v_dim: int) -> "BlockConfig | TwoPassConfig":
+    """The two-pass GEMMs (two_pass.py) for K2-class widths once a stream has >= 256 (node, head)
+    rows; the one-pass kernel otherwise. On an H200 (2026-12-01, ctx 1k-32k, S 1-16, H = 64)
+    two-pass was faster at 34 of the 36 Q >= 4 shapes (0.65x and 0.91x at two sub-0.2 ms ones)
+    and slower at Q = 1; narrow latents (the shipped small pair's 64) were not measured with it."""
+    if rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS:
+        return TwoPassConfig()
+    return BlockConfig()
 
 
 def default_splits(num_s: int, rows: int, num_slots: int, block_m: int, v_split: int = 1) -> int:
@@ -204,9 +228,12 @@ def _combine(acc, m, l):
 
 @functools.partial(jax.jit, static_argnames=("scale", "v_dim", "config", "poison", "heads_first"))
 def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                         config: BlockConfig = BlockConfig(), poison: bool = False,
+                         config: "BlockConfig | TwoPassConfig | None" = None, poison: bool = False,
                          heads_first: bool = False, q_rope=None) -> jax.Array:
     """q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32, node_mask [S,Q,W] int32 -> [S,Q,H,v_dim].
+
+    config: a BlockConfig runs the one-pass kernel, a TwoPassConfig the two-pass GEMMs
+    (two_pass.py); None picks by shape (select_config).
 
     heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim] (rows ordered (head, node); the layout a batched
     per-head matmul produces, so the caller needs no transpose). q_rope: the rope part
@@ -225,13 +252,26 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     if not (_is_pow2(v_dim) and _is_pow2(rope)):
         raise ValueError(f"pallas_triton mla_attention needs power-of-two v_dim and Dk - v_dim; "
                          f"got v_dim={v_dim}, Dk={dk}")
+    rows = num_q * num_h
+    config = config or select_config(rows, num_slots, v_dim)
+    q_rows = q.reshape(num_s, rows, q.shape[-1])
+    qr_rows = q_rows if q_rope is None else q_rope.reshape(num_s, rows, rope)
+    lead = (num_h, num_q) if heads_first else (num_q, num_h)
+    if isinstance(config, TwoPassConfig):
+        config = fit_config(config, v_dim)
+        words = -(-num_q // config.score_n) * config.score_n // 32
+        row_mask = jnp.tile(node_mask, (1, num_h, 1)) if heads_first else jnp.repeat(node_mask, num_h, axis=1)
+        row_mask = jnp.pad(row_mask, ((0, 0), (0, 0), (0, words - row_mask.shape[2])))   # [S, R, words]
+        out = mla_attention_two_pass(q_rows, qr_rows, kv, ctx_lens, row_mask, scale=scale, v_dim=v_dim,
+                                     rope=rope, rope_col=v_dim if q_rope is None else 0, num_q=num_q,
+                                     config=config, poison=poison)
+        return out.reshape(num_s, *lead, v_dim)
     vs = config.v_split
     if config.defer_pv and config.block_n != _TREE_BLOCK:
         raise ValueError(f"defer_pv needs block_n == {_TREE_BLOCK} (one tile size for context and tree "
                          f"keys); got block_n={config.block_n}")
     if not (_is_pow2(vs) and v_dim % vs == 0):
         raise ValueError(f"v_split must be a power of two dividing v_dim={v_dim}; got {vs}")
-    rows = num_q * num_h
     bm, bn = config.block_m, config.block_n
     splits = config.num_splits or default_splits(num_s, rows, num_slots, bm, vs)
     split_len = -(-(-(-num_slots // splits)) // bn) * bn
@@ -242,8 +282,6 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
 
     grid = (-(-rows // bm) * vs, splits, num_s)
     stream = lambda b, p, s: (s, 0, 0)
-    q_rows = q.reshape(num_s, rows, q.shape[-1])
-    qr_rows = q_rows if q_rope is None else q_rope.reshape(num_s, rows, rope)
     in_specs = [pl.BlockSpec((None,), lambda b, p, s: (s,)),
                 pl.BlockSpec((None, rows, q_rows.shape[-1]), stream),
                 pl.BlockSpec((None, rows, qr_rows.shape[-1]), stream),
@@ -277,7 +315,6 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         compiler_params=plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages),
     )(*args)
     out = outs[0] if splits == 1 else _combine(*outs)
-    lead = (num_h, num_q) if heads_first else (num_q, num_h)
     return out.reshape(num_s, *lead, v_dim).astype(q.dtype)
 
 
