@@ -12,10 +12,6 @@ config's time per shape, the fastest, and its speedup over the first config (the
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
   python3 experiments/mla_bench.py --out=/tmp/mla_bench.json
   python3 experiments/mla_bench.py --ctx=8192 --q=16,64 --streams=8 --configs=64x64x8x2,32x64x4x2
-  python3 experiments/mla_bench.py --ctx=8192,32768 --q=16,64,256 --streams=8,16 --impls=pallas_triton \
-      --configs=32x64x4x2,64x32x4x2v2,64x32x8x2v2,128x32x8x2v4 --budget_s=200    # V-split variants
-  python3 experiments/mla_bench.py --ctx=8192 --q=16,64,256 --streams=8,16 \
-      --configs=32x64x4x2,64x32x8x2d,64x32x16x2d,64x32x8x3d --budget_s=420   # deferred P @ V
   python3 experiments/mla_bench.py --ctx=8192,32768,1024 --q=16,64,256,4 --streams=1,16,8 \
       --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --budget_s=400    # one-pass vs two-pass
 """
@@ -43,9 +39,9 @@ flags.DEFINE_integer("heads", 64, "query heads H")
 flags.DEFINE_integer("dk", 576, "latent width (kv_lora + rope)")
 flags.DEFINE_integer("v_dim", 512, "value width (kv_lora)")
 flags.DEFINE_list("configs", ["auto"],
-                  "pallas configs: 'auto' (select_config's pick per shape), one-pass block_m x block_n x warps x stages, optional vN = v_split, "
-                  "d = defer_pv; or two-pass 'tpMxNxWxS-MxVxKxWxS' (scores GEMM, P @ V GEMM); "
-                  "first = baseline")
+                  "pallas configs: 'auto' (select_config's pick per shape), one-pass "
+                  "block_m x block_n x warps x stages, or two-pass 'tpMxNxWxS-MxVxKxWxS' (scores GEMM, "
+                  "P @ V GEMM); first = baseline")
 flags.DEFINE_list("impls", ["pallas_triton", "xla"], "implementations to time")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")

@@ -12,7 +12,7 @@ bundles on the GPU.
 
   python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install triton==3.6.0
   PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
-      --kernel=mla --configs=32x64x4x2,64x32x4x2v2 --q=16,64,256 --streams=8 --ctx=8192
+      --kernel=mla --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --q=16,64,256 --streams=8 --ctx=8192
   PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
       --kernel=moe --moe_tokens=16,256 --moe_variants='bn_up=128'
 
@@ -179,7 +179,7 @@ def dump_mla(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dict
                 else:
                     parts = [("", cfg.num_warps, cfg.num_stages)]
                     splits = cfg.num_splits or pallas_triton.default_splits(
-                        num_s, num_q * heads, ctx + num_q, cfg.block_m, cfg.v_split)
+                        num_s, num_q * heads, ctx + num_q, cfg.block_m)
                 for (part, warps, stages), ttir in zip(parts, cap.modules[before:]):
                     key = f"{cfg.name}{' ' + part if part else ''} Q={num_q}"
                     manifest.append(dict(key=key, config=f"{cfg.name}{' ' + part if part else ''}", q=num_q,
@@ -362,8 +362,7 @@ if __name__ == "__main__":
         flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept: stream counts")
         flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept"],
                           "which Pallas:Triton kernel to compile")
-        flags.DEFINE_list("configs", ["32x64x4x2"], "mla: BlockConfigs, BMxBNxWARPSxSTAGES[vV_SPLIT][d], or "
-                          "two-pass tpMxNxWxS-MxVxKxWxS")
+        flags.DEFINE_list("configs", ["32x64x4x2"], "mla: one-pass BMxBNxWARPSxSTAGES or two-pass tpMxNxWxS-MxVxKxWxS")
         flags.DEFINE_list("q", ["16", "64", "256"], "mla: new tokens per stream")
         flags.DEFINE_integer("streams", 8, "mla: streams S (sets the split count, as in the benchmark)")
         flags.DEFINE_integer("ctx", 8192, "mla: context length")

@@ -12,22 +12,9 @@ when split, writes partial (acc, m, l) that an XLA combine merges. The last spli
 tree block: keys at slots ctx + t, 32 at a time, visible per row by one word of the node bitmask
 (pre-expanded to rows as [S, W, Q*H]).
 
-`v_split` > 1 splits the V columns across programs to cut the float32 accumulator of a row from
-v_dim to v_dim / v_split registers' worth (so 64- and 128-row tiles, the M of Hopper's warpgroup
-MMA, fit): the v_split programs of a row block each recompute the full QK^T and softmax
-statistics but accumulate only their own v_dim / v_split output columns. QK^T then runs as
-v_split latent chunk dots (the program's own V chunk first, so the loaded chunk doubles as V)
-plus the rope dot. Cost: QK^T FLOPs x v_split (total 1.53x at v_split 2, 2.59x at 4 for K2).
-Seen in Triton 3.6's sm_90 output: with 8 warps and block_m = 64 the chained-dot layout replicates
-QK^T on both warpgroups (a further 2x) while PV's columns are split between them.
-
-`defer_pv` runs tile j's P @ V in loop step j + 1, its operands carried through the loop, so QK^T
-no longer feeds a dot in Triton's eyes: with 8 warps and block_m = 64 both dots then split their
-columns over the two warpgroups (warpsPerCTA [4, 2], a 128-register accumulator per thread, no
-replicated QK^T). Needs block_n = 32 (one tile size for context and tree keys); the tree loop runs
-one extra, keyless step that adds the last pending tile. Measured on an H200 (2026-12-01) it is
-1.6-1.8x *slower* than the default (ptxas still spills 1.4-2.1 KB per thread at 255 registers,
-and the carried P and V go through shared memory every step), so it stays off.
+Two one-pass variants that were always slower on an H200 were removed in session 14: V columns
+split across programs (`v_split`, 2.2-3.6x slower: QK^T recomputed per slice) and P @ V one tile
+late (`defer_pv`, 1.6-1.8x slower); BENCHMARKS.md keeps their measurements.
 """
 
 from __future__ import annotations
@@ -52,30 +39,26 @@ _TWO_PASS_SLOTS = 1024
 
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
-    """Tile sizes and launch parameters; num_splits None picks by occupancy; v_split: see above."""
+    """Tile sizes and launch parameters of the one-pass kernel; num_splits None picks by occupancy."""
     block_m: int = 32           # 32x64, 4 warps was fastest of 5 configs on an H200 (ctx 8k, S 8)
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     num_splits: int | None = None
-    v_split: int = 1
-    defer_pv: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "BlockConfig":
-        """'BMxBNxWARPSxSTAGES' with optional suffixes 'vV' (v_split) and 'd' (defer_pv),
-        e.g. '64x32x4x2v2', '64x32x8x2d'."""
-        defer = text.endswith("d")
-        dims, _, v_split = text.removesuffix("d").partition("v")
-        bm, bn, warps, stages = (int(x) for x in dims.split("x"))
-        return cls(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, v_split=int(v_split or 1),
-                   defer_pv=defer)
+        """'BMxBNxWARPSxSTAGES', e.g. '32x64x4x2'."""
+        dims = text.split("x")
+        if len(dims) != 4 or not all(d.isdigit() for d in dims):
+            raise ValueError(f"one-pass config must read 'BMxBNxWARPSxSTAGES'; got {text!r}")
+        bm, bn, warps, stages = map(int, dims)
+        return cls(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
 
     @property
     def name(self) -> str:
         """The inverse of parse (num_splits is not part of the name)."""
-        v = f"v{self.v_split}" if self.v_split > 1 else ""
-        return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}{v}{'d' if self.defer_pv else ''}"
+        return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}"
 
 
 def _is_pow2(n: int) -> bool:
@@ -98,8 +81,8 @@ def select_config(rows: int, num_slots: int, v_dim: int) -> "BlockConfig | TwoPa
     return BlockConfig()
 
 
-def default_splits(num_s: int, rows: int, num_slots: int, block_m: int, v_split: int = 1) -> int:
-    programs = num_s * -(-rows // block_m) * v_split
+def default_splits(num_s: int, rows: int, num_slots: int, block_m: int) -> int:
+    programs = num_s * -(-rows // block_m)
     want = -(-_TARGET_PROGRAMS // programs)
     return max(1, min(want, num_slots // _MIN_SPLIT))
 
@@ -120,110 +103,69 @@ def _update(carry, s, v):
     return m_new, l * alpha + p.sum(axis=1), acc
 
 
-def _update_deferred(carry, s, v):
-    """_update with tile j's P @ V deferred to step j + 1 (carry: m, l, acc, p_prev, v_prev).
-
-    acc holds every earlier tile but the last, at the scale of m; the carried (p_prev, v_prev)
-    is added before rescaling. The PV dot's operands arrive through the loop carry, so Triton no
-    longer sees QK^T feeding a dot (a "chained" dot) and may split both dots' columns across
-    warpgroups instead of replicating QK^T (see the module docstring).
-    """
-    m, l, acc, p_prev, v_prev = carry
-    acc = acc + _dot(p_prev, v_prev, 0)
-    m_new = jnp.maximum(m, s.max(axis=1))
-    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp(s - m_safe[:, None])
-    alpha = jnp.exp(m - m_safe)
-    return m_new, l * alpha + p.sum(axis=1), acc * alpha[:, None], p.astype(v.dtype), v
-
-
 def _kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, rope, rope_col, num_q,
-            rows, num_slots, block_m, block_n, split_len, num_splits, v_split, defer_pv):
+            rows, num_slots, block_m, block_n, split_len, num_splits):
     # q_ref holds the latent part in columns [0, v_dim); qr_ref the rope part in [rope_col,
     # rope_col + rope): q_ref itself (rope_col = v_dim) or the separate q_rope (rope_col = 0).
-    if v_split == 1:
-        blk, vc = pl.program_id(0), 0
-    else:
-        blk, vc = pl.program_id(0) // v_split, pl.program_id(0) % v_split
-    vw = v_dim // v_split
-    cols = [((vc + j) % v_split) * vw for j in range(v_split)]    # latent chunks, own V chunk first
     split = pl.program_id(1)
     ctx = ctx_ref[()]
-    r0 = blk * block_m
+    r0 = pl.program_id(0) * block_m
     row_ok = r0 + jnp.arange(block_m) < rows
-    q_lat = [plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(c, vw)], mask=row_ok[:, None], other=0)
-             for c in cols]
+    q_lat = plgpu.load(q_ref.at[pl.ds(r0, block_m), pl.ds(0, v_dim)], mask=row_ok[:, None], other=0)
     q_pe = plgpu.load(qr_ref.at[pl.ds(r0, block_m), pl.ds(rope_col, rope)], mask=row_ok[:, None], other=0)
 
     def scores(start, key_ok, n):
-        """Scaled scores [block_m, n] of keys start..start+n, and their own V chunk [n, vw]."""
+        """Scaled scores [block_m, n] of keys start..start+n, and their values [n, v_dim]."""
         rows_k = pl.ds(start, n)
-        k_lat = [plgpu.load(kv_ref.at[rows_k, pl.ds(c, vw)], mask=key_ok[:, None], other=0) for c in cols]
+        k_lat = plgpu.load(kv_ref.at[rows_k, pl.ds(0, v_dim)], mask=key_ok[:, None], other=0)
         k_pe = plgpu.load(kv_ref.at[rows_k, pl.ds(v_dim, rope)], mask=key_ok[:, None], other=0)
-        s = _dot(q_lat[0], k_lat[0], 1)
-        for qc, kc in zip(q_lat[1:], k_lat[1:]):
-            s = s + _dot(qc, kc, 1)
-        s = s + _dot(q_pe, k_pe, 1)
-        return s * scale, k_lat[0]
+        return (_dot(q_lat, k_lat, 1) + _dot(q_pe, k_pe, 1)) * scale, k_lat
 
     lo = split * split_len
     hi = jnp.minimum(lo + split_len, ctx)
-
-    update = _update_deferred if defer_pv else _update
 
     def ctx_body(i, carry):
         start = lo + i * block_n
         key_ok = start + jnp.arange(block_n) < hi
         s, v = scores(start, key_ok, block_n)
-        return update(carry, jnp.where(key_ok[None, :], s, -jnp.inf), v)
+        return _update(carry, jnp.where(key_ok[None, :], s, -jnp.inf), v)
 
     last_split = split == num_splits - 1
     num_words = -(-num_q // _TREE_BLOCK)
 
     def tree_body(w, carry):
-        """Tree keys ctx + 32w ..; with defer_pv, the extra last step (w = num_tree) sees no keys
-        and only adds the pending tile, so no P @ V runs outside a loop."""
+        """Tree keys ctx + 32w .., visible per row by bitmask word w."""
         t = w * _TREE_BLOCK + jnp.arange(_TREE_BLOCK)
         key_ok = (t < num_q) & (ctx + t < num_slots) & last_split
         s, v = scores(ctx + w * _TREE_BLOCK, key_ok, _TREE_BLOCK)
-        word = plgpu.load(mask_ref.at[jnp.minimum(w, num_words - 1), pl.ds(r0, block_m)],
-                          mask=row_ok & (w < num_words), other=0)
+        word = plgpu.load(mask_ref.at[w, pl.ds(r0, block_m)], mask=row_ok, other=0)
         bit = (word[:, None] >> jnp.arange(_TREE_BLOCK)[None, :]) & 1
-        return update(carry, jnp.where((bit != 0) & key_ok[None, :], s, -jnp.inf), v)
+        return _update(carry, jnp.where((bit != 0) & key_ok[None, :], s, -jnp.inf), v)
 
     carry = (jnp.full((block_m,), -jnp.inf, jnp.float32), jnp.zeros((block_m,), jnp.float32),
-             jnp.zeros((block_m, vw), jnp.float32))
-    if defer_pv:   # nothing pending before the first tile: P = 0
-        carry += (jnp.zeros((block_m, block_n), q_ref.dtype), jnp.zeros((block_n, vw), kv_ref.dtype))
+             jnp.zeros((block_m, v_dim), jnp.float32))
     carry = jax.lax.fori_loop(0, jnp.maximum(hi - lo + block_n - 1, 0) // block_n, ctx_body, carry)
-    num_tree = last_split.astype(jnp.int32) * num_words + int(defer_pv)
-    m, l, acc = jax.lax.fori_loop(0, num_tree, tree_body, carry)[:3]
+    m, l, acc = jax.lax.fori_loop(0, last_split.astype(jnp.int32) * num_words, tree_body, carry)
 
-    rows_o, cols_o = pl.ds(r0, block_m), pl.ds(cols[0], vw)
+    rows_o = pl.ds(r0, block_m)
     if num_splits == 1:
         (o_ref,) = out_refs
         out = jnp.where(l[:, None] > 0, acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0)
-        plgpu.store(o_ref.at[rows_o, cols_o], out.astype(o_ref.dtype), mask=row_ok[:, None])
+        plgpu.store(o_ref.at[rows_o, pl.ds(0, v_dim)], out.astype(o_ref.dtype), mask=row_ok[:, None])
     else:
         acc_ref, m_ref, l_ref = out_refs
-        plgpu.store(acc_ref.at[rows_o, cols_o], acc, mask=row_ok[:, None])
+        plgpu.store(acc_ref.at[rows_o, pl.ds(0, v_dim)], acc, mask=row_ok[:, None])
         plgpu.store(m_ref.at[rows_o], m, mask=row_ok)
         plgpu.store(l_ref.at[rows_o], l, mask=row_ok)
 
 
 def _combine(acc, m, l):
-    """Partials acc [S,P,R,V], m and l [S,P,C,R] (column chunk c of acc has its own m, l)
-    -> normalised [S,R,V] float32."""
-    num_s, _, rows, v_dim = acc.shape
-    num_c = m.shape[2]
-    acc = acc.reshape(*acc.shape[:3], num_c, v_dim // num_c)           # [S,P,R,C,V/C]
-    m, l = m.transpose(0, 1, 3, 2), l.transpose(0, 1, 3, 2)             # [S,P,R,C]
+    """Partials acc [S,P,R,V], m and l [S,P,R] of P context splits -> normalised [S,R,V] float32."""
     m_max = m.max(axis=1, keepdims=True)
     w = jnp.where(m == -jnp.inf, 0.0, jnp.exp(m - jnp.where(m_max == -jnp.inf, 0.0, m_max)))
     total = (w * l).sum(axis=1)
     out = (w[..., None] * acc).sum(axis=1)
-    out = jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
-    return out.reshape(num_s, rows, v_dim)
+    return jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "v_dim", "config", "poison", "heads_first"))
@@ -266,21 +208,15 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
                                      rope=rope, rope_col=v_dim if q_rope is None else 0, num_q=num_q,
                                      config=config, poison=poison)
         return out.reshape(num_s, *lead, v_dim)
-    vs = config.v_split
-    if config.defer_pv and config.block_n != _TREE_BLOCK:
-        raise ValueError(f"defer_pv needs block_n == {_TREE_BLOCK} (one tile size for context and tree "
-                         f"keys); got block_n={config.block_n}")
-    if not (_is_pow2(vs) and v_dim % vs == 0):
-        raise ValueError(f"v_split must be a power of two dividing v_dim={v_dim}; got {vs}")
     bm, bn = config.block_m, config.block_n
-    splits = config.num_splits or default_splits(num_s, rows, num_slots, bm, vs)
+    splits = config.num_splits or default_splits(num_s, rows, num_slots, bm)
     split_len = -(-(-(-num_slots // splits)) // bn) * bn
     if heads_first:   # row h*Q + n is node n
         row_mask = jnp.tile(node_mask.transpose(0, 2, 1), (1, 1, num_h))  # [S, W, H*Q]
     else:             # row n*H + h is node n
         row_mask = jnp.repeat(node_mask, num_h, axis=1).transpose(0, 2, 1)  # [S, W, Q*H]
 
-    grid = (-(-rows // bm) * vs, splits, num_s)
+    grid = (-(-rows // bm), splits, num_s)
     stream = lambda b, p, s: (s, 0, 0)
     in_specs = [pl.BlockSpec((None,), lambda b, p, s: (s,)),
                 pl.BlockSpec((None, rows, q_rows.shape[-1]), stream),
@@ -292,11 +228,11 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         out_specs = [pl.BlockSpec((None, rows, v_dim), stream)]
     else:
         out_shape = [jax.ShapeDtypeStruct((num_s, splits, rows, v_dim), jnp.float32),
-                     jax.ShapeDtypeStruct((num_s, splits, vs, rows), jnp.float32),
-                     jax.ShapeDtypeStruct((num_s, splits, vs, rows), jnp.float32)]
+                     jax.ShapeDtypeStruct((num_s, splits, rows), jnp.float32),
+                     jax.ShapeDtypeStruct((num_s, splits, rows), jnp.float32)]
         out_specs = [pl.BlockSpec((None, None, rows, v_dim), lambda b, p, s: (s, p, 0, 0)),
-                     pl.BlockSpec((None, None, None, rows), lambda b, p, s: (s, p, b % vs, 0)),
-                     pl.BlockSpec((None, None, None, rows), lambda b, p, s: (s, p, b % vs, 0))]
+                     pl.BlockSpec((None, None, rows), lambda b, p, s: (s, p, 0)),
+                     pl.BlockSpec((None, None, rows), lambda b, p, s: (s, p, 0))]
     args = [ctx_lens, q_rows, qr_rows, kv, row_mask]
     aliases = {}
     if poison:
@@ -306,7 +242,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     kernel = functools.partial(
         _kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=v_dim if q_rope is None else 0,
         num_q=num_q, rows=rows, num_slots=num_slots, block_m=bm, block_n=bn, split_len=split_len,
-        num_splits=splits, v_split=vs, defer_pv=config.defer_pv)
+        num_splits=splits)
     if poison:
         kernel = _drop_aliased_inputs(kernel, len(out_shape))
     outs = pl.pallas_call(
