@@ -277,6 +277,10 @@ def test_two_pass_k2_widths_bf16():
     assert out.shape == (2, 37, 2, 512) and out.dtype == jnp.bfloat16
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
     assert_close(out, ref, TOL[jnp.bfloat16], "two-pass k2 widths")
+    apart = pallas_triton.mla_attention_pallas(q[..., :512], kv, ctx_lens, node_mask, scale=576 ** -0.5,
+                                               v_dim=512, config=two_pass.TwoPassConfig(), poison=True,
+                                               q_rope=q[..., 512:])
+    np.testing.assert_array_equal(np.asarray(apart), np.asarray(out))   # rejoined: the same loop
 
 
 def test_two_pass_context_splits_and_stream_groups(monkeypatch):

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
-from pallas_kernels.mla_attention.two_pass import TwoPassConfig, fit_config, mla_attention_two_pass
+from pallas_kernels.mla_attention.two_pass import TwoPassConfig, fit_config, mla_attention_two_pass, score_chunk
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 _TREE_BLOCK = 32
@@ -204,6 +204,11 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         words = -(-num_q // config.score_n) * config.score_n // 32
         row_mask = jnp.tile(node_mask, (1, num_h, 1)) if heads_first else jnp.repeat(node_mask, num_h, axis=1)
         row_mask = jnp.pad(row_mask, ((0, 0), (0, 0), (0, words - row_mask.shape[2])))   # [S, R, words]
+        if q_rope is not None and rope == score_chunk(v_dim):
+            # one [R, Dk] query lets the scores GEMM take the rope chunk inside its pipelined loop
+            # (3-5% faster on an H200 at K2 sizes); the concatenation costs a copy of q
+            q_rows = qr_rows = jnp.concatenate([q_rows, qr_rows], axis=-1)
+            q_rope = None
         out = mla_attention_two_pass(q_rows, qr_rows, kv, ctx_lens, row_mask, scale=scale, v_dim=v_dim,
                                      rope=rope, rope_col=v_dim if q_rope is None else 0, num_q=num_q,
                                      config=config, poison=poison)

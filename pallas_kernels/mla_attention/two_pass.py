@@ -38,6 +38,13 @@ _P_BYTES = 2 << 30          # the largest P buffer one group of streams may use
 _WORD = 32                  # tree tokens per bitmask word
 _PV_PROGRAMS = 264          # P @ V programs wanted: about two waves of an H200's 132 SMs
 _MIN_SPLIT_STEPS = 8        # fewest context steps (of pv_k keys) a P @ V split gets
+_CHUNK = 64                 # Dk depth of one scores-GEMM step
+
+
+def score_chunk(v_dim: int) -> int:
+    """Dk depth of one scores-GEMM step; a rope part of this width rides in the same loop when
+    the query holds it (rope_col == v_dim)."""
+    return min(_CHUNK, v_dim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +205,7 @@ def scores(q_rows, qr_rows, kv, ctx_lens, row_mask, *, scale, v_dim, rope, rope_
                  jax.ShapeDtypeStruct((num_s, tiles, rows), jnp.float32)]
     args = [ctx_lens, q_rows, qr_rows, kv, row_mask]
     kernel = functools.partial(
-        _scores_kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=rope_col, chunk=min(64, v_dim),
+        _scores_kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=rope_col, chunk=score_chunk(v_dim),
         num_q=num_q, rows=rows, block_m=c.score_m, block_n=c.score_n)
     into = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else None
     grid_ctx = (max(tiles - tree_tiles, 1), -(-rows // c.score_m), num_s)
