@@ -14,6 +14,8 @@ config's time per shape, the fastest, and its speedup over the first config (the
   python3 experiments/mla_bench.py --ctx=8192 --q=16,64 --streams=8 --configs=64x64x8x2,32x64x4x2
   python3 experiments/mla_bench.py --ctx=8192,32768,1024 --q=16,64,256,4 --streams=1,16,8 \
       --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --budget_s=400    # one-pass vs two-pass
+  python3 experiments/mla_bench.py --ctx=8192 --q=16,64 --streams=16 --impls=pallas_triton --parts \
+      --configs=tp128x128x8x3-128x256x64x8x3,tp128x128x8x3-128x256x64x8x3b    # each pass alone
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.mla_attention import pallas_triton, visibility_to_mask, xla
+from pallas_kernels.mla_attention import pallas_triton, two_pass, visibility_to_mask, xla
 from pallas_kernels.mla_attention.reference import mla_attention_reference
 
 FLAGS = flags.FLAGS
@@ -43,6 +45,7 @@ flags.DEFINE_list("configs", ["auto"],
                   "block_m x block_n x warps x stages, or two-pass 'tpMxNxWxS-MxVxKxWxS' (scores GEMM, "
                   "P @ V GEMM); first = baseline")
 flags.DEFINE_list("impls", ["pallas_triton", "xla"], "implementations to time")
+flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 
@@ -161,11 +164,31 @@ def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
+def two_pass_parts(args, cfg, scale: float, v_dim: int, sets) -> dict:
+    """Pass 1 (scores) and pass 2 (P @ V) of a two-pass config timed alone on args (q [S,Q,H,Dk]);
+    returns their ms and TFLOP/s (pass 1: 2 S R N Dk FLOPs, pass 2: 2 S R N v_dim over N = ctx + Q)."""
+    q, kv, ctx_lens, mask = args[0]
+    num_s, num_q, num_h, dk = q.shape
+    cfg = two_pass.fit_config(cfg, v_dim)
+    kw = dict(v_dim=v_dim, num_q=num_q, config=cfg)
+    scores = jax.jit(lambda q, kv, lens, m: two_pass.scores(
+        q.reshape(num_s, -1, dk), q.reshape(num_s, -1, dk), kv, lens, two_pass.row_masks(m, num_h, False, cfg),
+        scale=scale, rope=dk - v_dim, rope_col=v_dim, **kw))
+    pv = jax.jit(lambda p, m, l, kv, lens: two_pass.pv(p, m, l, kv, lens, out_dtype=q.dtype, **kw))
+    p_sets = [(*scores(*a), a[1], a[2]) for a in args[:sets]]
+    sec_scores, sec_pv = time_jax(scores, args[:sets]), time_jax(pv, p_sets)
+    work = 2 * num_s * num_q * num_h * (int(ctx_lens[0]) + num_q)    # this benchmark's contexts are uniform
+    return dict(scores_ms=sec_scores * 1e3, pv_ms=sec_pv * 1e3, scores_tflops=work * dk / sec_scores / 1e12,
+                pv_tflops=work * v_dim / sec_pv / 1e12)
+
+
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
-                  impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, log=print) -> list[dict]:
+                  impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
+                  log=print) -> list[dict]:
     """Time every (ctx, Q, S) shape; returns one dict per (shape, implementation or config).
 
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
+    parts: for two-pass configs, also each pass alone (two_pass_parts).
     """
     configs = configs or {"auto": None}
     ceilings = ceilings or measure_ceilings()
@@ -213,6 +236,11 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                             del out
                         sec = time_jax(fn, args)
                         row.update(ms=sec * 1e3, pct_floor=100 * floor / sec, tflops=flops / sec / 1e12)
+                        if parts and name != "xla":
+                            cfg = (configs[name.removeprefix("pallas ")]
+                                   or pallas_triton.select_config(num_q * heads, num_slots, v_dim))
+                            if isinstance(cfg, two_pass.TwoPassConfig):
+                                row.update(two_pass_parts(args, cfg, scale, v_dim, min(2, len(args))))
                     except Exception as e:  # one failing config must not end the sweep
                         row["error"] = f"{type(e).__name__}: {_short(e)}"
                     rows.append(row)
@@ -227,6 +255,9 @@ def _fmt(r: dict) -> str:
         return f"{head} ERROR {r['error']}"
     err = f" gold={r['rel_err_golden']:.1e}" if "rel_err_golden" in r else ""
     err += f" xla={r['rel_err_vs_xla']:.1e}" if "rel_err_vs_xla" in r else ""
+    if "scores_ms" in r:
+        err += (f" | scores {r['scores_ms']:.3f} ms {r['scores_tflops']:.0f} TF/s, "
+                f"P@V {r['pv_ms']:.3f} ms {r['pv_tflops']:.0f} TF/s")
     return (f"{head} {r['ms']:9.3f} ms  floor {r['floor_ms']:8.3f} ms  {r['pct_floor']:5.1f}% "
             f"{r['tflops']:6.1f} TF/s{err}")
 
@@ -278,7 +309,7 @@ def main(_):
     rows = run_mla_bench([int(x) for x in FLAGS.ctx], [int(x) for x in FLAGS.q],
                          [int(x) for x in FLAGS.streams], heads=FLAGS.heads, dk=FLAGS.dk,
                          v_dim=FLAGS.v_dim, configs=configs, impls=tuple(FLAGS.impls), ceilings=ceilings,
-                         budget_s=FLAGS.budget_s)
+                         budget_s=FLAGS.budget_s, parts=FLAGS.parts)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,

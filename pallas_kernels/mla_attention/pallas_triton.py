@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
-from pallas_kernels.mla_attention.two_pass import TwoPassConfig, fit_config, mla_attention_two_pass, score_chunk
+from pallas_kernels.mla_attention.two_pass import (TwoPassConfig, fit_config, mla_attention_two_pass, row_masks,
+                                                   score_chunk)
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 _TREE_BLOCK = 32
@@ -201,9 +202,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     lead = (num_h, num_q) if heads_first else (num_q, num_h)
     if isinstance(config, TwoPassConfig):
         config = fit_config(config, v_dim)
-        words = -(-num_q // config.score_n) * config.score_n // 32
-        row_mask = jnp.tile(node_mask, (1, num_h, 1)) if heads_first else jnp.repeat(node_mask, num_h, axis=1)
-        row_mask = jnp.pad(row_mask, ((0, 0), (0, 0), (0, words - row_mask.shape[2])))   # [S, R, words]
+        row_mask = row_masks(node_mask, num_h, heads_first, config)
         if q_rope is not None and rope == score_chunk(v_dim):
             # one [R, Dk] query lets the scores GEMM take the rope chunk inside its pipelined loop
             # (3-5% faster on an H200 at K2 sizes); the concatenation costs a copy of q

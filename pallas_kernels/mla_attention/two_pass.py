@@ -289,6 +289,15 @@ def fit_config(config: TwoPassConfig, v_dim: int) -> TwoPassConfig:
     return c
 
 
+def row_masks(node_mask, num_h: int, heads_first: bool, config: TwoPassConfig):
+    """node_mask [S, Q, W] -> [S, R, Wp] int32: each (node, head) row's mask words (rows n * H + h,
+    or h * Q + n when heads_first), padded to whole tree tiles of score_n / 32 words."""
+    num_q = node_mask.shape[1]
+    words = -(-num_q // config.score_n) * config.score_n // _WORD
+    rows = jnp.tile(node_mask, (1, num_h, 1)) if heads_first else jnp.repeat(node_mask, num_h, axis=1)
+    return jnp.pad(rows, ((0, 0), (0, 0), (0, words - rows.shape[2])))
+
+
 def mla_attention_two_pass(q_rows, qr_rows, kv, ctx_lens, row_mask, *, scale: float, v_dim: int, rope: int,
                            rope_col: int, num_q: int, config: TwoPassConfig, poison: bool = False):
     """q_rows [S, R, .] (latent in columns [0, v_dim)), qr_rows [S, R, .] (rope in columns
