@@ -113,6 +113,14 @@ def _compile_worker(manifest_path: str) -> None:
         print(json.dumps(res), flush=True)
 
 
+def _json_or_none(line: str):
+    """A worker result line, or None for anything else the compiler printed to stdout."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
 class _Capture:
     """Patches the Pallas:Triton lowering to keep every TTIR module it emits, interpret mode off."""
 
@@ -338,12 +346,12 @@ def main(_):
                               f"{d}/manifest.json"], capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"compile worker failed:\n{out.stderr[-3000:]}")
-    stats = {r["key"]: r for r in map(json.loads, out.stdout.splitlines())}
+    stats = {r["key"]: r for r in map(_json_or_none, out.stdout.splitlines()) if r and "key" in r}
     print(head[0])
     print(f"| config | {head[1]} | splits | regs | spill st/ld B | smem B | MMA | loop instr | top loop opcodes |")
     print("|---|---:|---:|---:|---:|---:|---|---:|---|")
     for m in manifest:
-        r = stats[m["key"]]
+        r = stats.get(m["key"], {"error": "the compile worker printed no result (crashed?)"})
         if "error" in r:
             print(f"| {m['config']} | {m['q']} | {m['splits']} | ERROR {r['error']} | | | | | |")
             continue
