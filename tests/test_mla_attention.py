@@ -248,7 +248,9 @@ TWO_PASS_SMALL = [two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2),     # 
                   two_pass.TwoPassConfig(16, 64, 4, 2, 32, 32, 32, 4, 2)]     # 64-wide: two words per tile
 
 
-@pytest.mark.parametrize("config", TWO_PASS_SMALL + [dataclasses.replace(TWO_PASS_SMALL[0], bf16_scale=True)],
+@pytest.mark.parametrize("config", TWO_PASS_SMALL + [dataclasses.replace(TWO_PASS_SMALL[0], bf16_scale=True),
+                                     dataclasses.replace(TWO_PASS_SMALL[0], edge_apart=True),
+                                     dataclasses.replace(TWO_PASS_SMALL[1], edge_apart=True)],
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("num_q", [10, 37, 70])
 def test_two_pass_poisoned(config, num_q):
@@ -278,9 +280,10 @@ def test_two_pass_k2_widths_bf16():
     assert out.shape == (2, 37, 2, 512) and out.dtype == jnp.bfloat16
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
     assert_close(out, ref, TOL[jnp.bfloat16], "two-pass k2 widths")
-    scaled_bf16 = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
-                                                     config=two_pass.TwoPassConfig(bf16_scale=True), poison=True)
-    assert_close(scaled_bf16, ref, TOL[jnp.bfloat16], "two-pass k2 widths, bf16 tile scaling")
+    options = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
+                                                 config=two_pass.TwoPassConfig(bf16_scale=True, edge_apart=True),
+                                                 poison=True)
+    assert_close(options, ref, TOL[jnp.bfloat16], "two-pass k2 widths, bf16 tile scaling, edge tiles apart")
     apart = pallas_triton.mla_attention_pallas(q[..., :512], kv, ctx_lens, node_mask, scale=576 ** -0.5,
                                                v_dim=512, config=two_pass.TwoPassConfig(), poison=True,
                                                q_rope=q[..., 512:])
@@ -323,11 +326,14 @@ def test_two_pass_config_parse_and_checks():
     cfg = pallas_triton.parse_config("tp128x64x4x3-64x256x32x8x2")
     assert cfg == two_pass.TwoPassConfig(128, 64, 4, 3, 64, 256, 32, 8, 2) and cfg.name == "tp128x64x4x3-64x256x32x8x2"
     assert pallas_triton.parse_config(cfg.name + "b") == dataclasses.replace(cfg, bf16_scale=True)
-    assert dataclasses.replace(cfg, bf16_scale=True).name == cfg.name + "b"
+    both = dataclasses.replace(cfg, bf16_scale=True, edge_apart=True)
+    assert both.name == cfg.name + "be" and pallas_triton.parse_config(both.name) == both
+    assert pallas_triton.parse_config(cfg.name + "e").edge_apart
     assert pallas_triton.parse_config(two_pass.TwoPassConfig().name) == two_pass.TwoPassConfig()
     assert pallas_triton.parse_config("32x64x4x2") == pallas_triton.BlockConfig()
-    with pytest.raises(ValueError, match=r"tpMxNxWxS-MxVxKxWxS\[b\]"):
-        pallas_triton.parse_config("tp128x64x4x3")
+    for bad in ("tp128x64x4x3", "tp128x64x4x3-64x256x32x8x2bb"):
+        with pytest.raises(ValueError, match=r"tpMxNxWxS-MxVxKxWxS\[b\]\[e\]"):
+            pallas_triton.parse_config(bad)
     q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 2, 24, 16, 40, [10], ["chain"], jnp.float32)
     for bad, match in [(dict(score_n=16), "score_n must be >= 32"), (dict(score_m=48), "score_m must be a power"),
                        (dict(score_n=32, pv_k=64), "pv_k=64 must divide score_n=32")]:

@@ -59,25 +59,31 @@ class TwoPassConfig:
     pv_k: int = 64
     pv_warps: int = 8
     pv_stages: int = 3
-    bf16_scale: bool = False    # P @ V scales P by its tile factor in bf16 (one HMUL2 per two
-                                # scores instead of an f32 round trip: 295 -> 218 loop instructions
-                                # offline, +3% output error on the CPU); not yet timed on a GPU
+    # Options prepared in session 14 and not yet timed on a GPU (off by default):
+    bf16_scale: bool = False    # suffix 'b': P @ V scales P by its tile factor in bf16 (one HMUL2 per
+                                # two scores instead of an f32 round trip: 295 -> 218 loop
+                                # instructions offline, +3% output error on the CPU)
+    edge_apart: bool = False    # suffix 'e': pass 1 runs whole context tiles with no masking and
+                                # the partial last one with the tree tiles (an unmasked variant of
+                                # the context launch measured 0.386 against 0.419 ms)
 
     @classmethod
     def parse(cls, text: str) -> "TwoPassConfig":
-        """'tpMxNxWxS-MxVxKxWxS[b]', e.g. 'tp128x128x8x3-128x256x64x8x3' (scores, then P @ V;
-        a trailing 'b': bf16_scale)."""
+        """'tpMxNxWxS-MxVxKxWxS[b][e]', e.g. 'tp128x128x8x3-128x256x64x8x3' (scores, then P @ V;
+        trailing options: 'b' bf16_scale, 'e' edge_apart)."""
         score, _, pv = text.removeprefix("tp").partition("-")
-        a, b = score.split("x"), pv.removesuffix("b").split("x")
-        if len(a) != 4 or len(b) != 5 or not all(x.isdigit() for x in a + b):
-            raise ValueError(f"two-pass config must read 'tpMxNxWxS-MxVxKxWxS[b]'; got {text!r}")
-        return cls(*map(int, a + b), bf16_scale=pv.endswith("b"))
+        opts = pv[len(pv.rstrip("be")):]
+        a, b = score.split("x"), pv[:len(pv) - len(opts)].split("x")
+        if (len(a) != 4 or len(b) != 5 or not all(x.isdigit() for x in a + b)
+                or len(set(opts)) != len(opts)):
+            raise ValueError(f"two-pass config must read 'tpMxNxWxS-MxVxKxWxS[b][e]'; got {text!r}")
+        return cls(*map(int, a + b), bf16_scale="b" in opts, edge_apart="e" in opts)
 
     @property
     def name(self) -> str:
         return (f"tp{self.score_m}x{self.score_n}x{self.score_warps}x{self.score_stages}-"
                 f"{self.pv_m}x{self.pv_v}x{self.pv_k}x{self.pv_warps}x{self.pv_stages}"
-                f"{'b' if self.bf16_scale else ''}")
+                f"{'b' if self.bf16_scale else ''}{'e' if self.edge_apart else ''}")
 
 
 def _dot(a, b, contract_b: int):
@@ -86,28 +92,45 @@ def _dot(a, b, contract_b: int):
 
 
 def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref, *, scale, v_dim, rope,
-                   rope_col, chunk, num_q, rows, block_m, block_n, tree):
-    """One [block_m, block_n] tile of P, m, l: context tile n (tree=False) or tree tile n (tree=True).
-    The two kinds run as separate launches so neither carries the other's masking."""
+                   rope_col, chunk, num_q, rows, block_m, block_n, kind):
+    """One [block_m, block_n] tile of P, m, l. Program n of a launch of `kind`:
+    "ctx": context tile n (keys below ctx); "tree": tree tile n (ancestor bitmask);
+    "full": context tile n when it is whole (no masking at all); "edge": n = 0 the partial last
+    context tile, n >= 1 tree tile n - 1. Launches run ctx + tree, or full + edge (edge_apart),
+    so the many context tiles carry little or no masking."""
     n = pl.program_id(0)
     r0 = pl.program_id(1) * block_m
     ctx = ctx_ref[()]
     ctx_tiles = (ctx + block_n - 1) // block_n
+    full_tiles = ctx // block_n
     col = jnp.arange(block_n)
-    if tree:      # keys: tree tokens t = n * block_n + col at slots ctx + t
-        start, key_ok, tile = ctx + n * block_n, n * block_n + col < num_q, ctx_tiles + n
-    else:         # keys: slots n * block_n + col below ctx
-        start, key_ok, tile = n * block_n, n * block_n + col < ctx, n
+    tree, t = kind in ("tree", "edge"), n - int(kind == "edge")     # t: this program's tree tile
+    if kind == "ctx":         # keys: slots n * block_n + col below ctx
+        start, key_ok, tile, active = n * block_n, n * block_n + col < ctx, n, n < ctx_tiles
+    elif kind == "full":      # keys: slots n * block_n + col, all below ctx
+        start, key_ok, tile, active = n * block_n, None, n, n < full_tiles
+    elif kind == "tree":      # keys: tree tokens t * block_n + col at slots ctx + t * block_n + col
+        start, key_ok, tile, active = ctx + t * block_n, t * block_n + col < num_q, ctx_tiles + t, True
+    else:                     # edge: the partial context tile (n = 0) or a tree tile
+        is_tree = n > 0
+        start = jnp.where(is_tree, ctx + t * block_n, full_tiles * block_n)
+        key_ok = jnp.where(is_tree, t * block_n + col < num_q, full_tiles * block_n + col < ctx)
+        tile = jnp.where(is_tree, ctx_tiles + t, full_tiles)
+        active = is_tree | (full_tiles < ctx_tiles)
 
-    @pl.when(tree or n < ctx_tiles)
+    @pl.when(active)
     def _():
         row_ok = r0 + jnp.arange(block_m) < rows
         keys, rws = pl.ds(start, block_n), pl.ds(r0, block_m)
 
+        def load_keys(cols):
+            if key_ok is None:        # a whole context tile: every key is in bounds and visible
+                return plgpu.load(kv_ref.at[keys, cols])
+            return plgpu.load(kv_ref.at[keys, cols], mask=key_ok[:, None], other=0)
+
         def body(i, acc):
             a = plgpu.load(q_ref.at[rws, pl.ds(i * chunk, chunk)], mask=row_ok[:, None], other=0)
-            b = plgpu.load(kv_ref.at[keys, pl.ds(i * chunk, chunk)], mask=key_ok[:, None], other=0)
-            return acc + _dot(a, b, 1)
+            return acc + _dot(a, load_keys(pl.ds(i * chunk, chunk)), 1)
 
         acc = jnp.zeros((block_m, block_n), jnp.float32)
         if rope_col == v_dim and rope == chunk:     # q holds the rope part too: one loop over all of Dk
@@ -115,18 +138,20 @@ def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref
         else:
             acc = jax.lax.fori_loop(0, v_dim // chunk, body, acc)
             a = plgpu.load(qr_ref.at[rws, pl.ds(rope_col, rope)], mask=row_ok[:, None], other=0)
-            b = plgpu.load(kv_ref.at[keys, pl.ds(v_dim, rope)], mask=key_ok[:, None], other=0)
-            s = (acc + _dot(a, b, 1)) * scale
+            s = (acc + _dot(a, load_keys(pl.ds(v_dim, rope)), 1)) * scale
 
-        seen = key_ok[None, :]
-        if tree:  # bit n * block_n + c of each row's ancestor mask: word n * block_n / 32 + c / 32
+        if tree:  # bit t * block_n + c of each row's ancestor mask: word t * block_n / 32 + c / 32
             bits = jnp.zeros((block_m, block_n), jnp.int32)
             for w in range(block_n // _WORD):
-                word = plgpu.load(mask_ref.at[rws, n * (block_n // _WORD) + w], mask=row_ok, other=0)
+                word = plgpu.load(mask_ref.at[rws, jnp.maximum(t, 0) * (block_n // _WORD) + w],
+                                  mask=row_ok, other=0)
                 bit = (word[:, None] >> (col % _WORD)[None, :]) & 1
                 bits = jnp.where((col // _WORD == w)[None, :], bit, bits)
-            seen = seen & (bits != 0)
-        s = jnp.where(seen, s, -jnp.inf)
+            seen = bits != 0
+            seen = (seen | (n == 0)) if kind == "edge" else seen     # edge program 0: a context tile
+            s = jnp.where(seen & key_ok[None, :], s, -jnp.inf)
+        elif key_ok is not None:
+            s = jnp.where(key_ok[None, :], s, -jnp.inf)
         m = s.max(axis=1)     # -inf: the row sees no key of this tile (only in a tree tile)
         p = jnp.exp(s - (jnp.where(m == -jnp.inf, 0.0, m) if tree else m)[:, None])
         plgpu.store(p_ref.at[rws, pl.ds(tile * block_n, block_n)], p.astype(p_ref.dtype), mask=row_ok[:, None])
@@ -215,11 +240,12 @@ def scores(q_rows, qr_rows, kv, ctx_lens, row_mask, *, scale, v_dim, rope, rope_
         _scores_kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=rope_col, chunk=score_chunk(v_dim),
         num_q=num_q, rows=rows, block_m=c.score_m, block_n=c.score_n)
     into = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else None
-    grid_ctx = (max(tiles - tree_tiles, 1), -(-rows // c.score_m), num_s)
-    outs = _call(functools.partial(kernel, tree=False), grid_ctx, args,
+    first, second = ("full", "edge") if c.edge_apart else ("ctx", "tree")
+    row_blocks = -(-rows // c.score_m)
+    outs = _call(functools.partial(kernel, kind=first), (max(tiles - tree_tiles, 1), row_blocks, num_s), args,
                  out_shape, c.score_warps, c.score_stages, "mla_scores", into)
-    return _call(functools.partial(kernel, tree=True), (tree_tiles, -(-rows // c.score_m), num_s), args,
-                 out_shape, c.score_warps, c.score_stages, "mla_tree_scores", list(outs))
+    return _call(functools.partial(kernel, kind=second), (tree_tiles + int(c.edge_apart), row_blocks, num_s),
+                 args, out_shape, c.score_warps, c.score_stages, "mla_tree_scores", list(outs))
 
 
 def pv_splits(num_s: int, rows: int, v_dim: int, num_slots: int, num_q: int, config: TwoPassConfig) -> int:
