@@ -182,7 +182,7 @@ def dump_mla(configs, qs, *, num_s, ctx, heads, dk, v_dim, out_dir) -> list[dict
                 jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
                 if isinstance(cfg, two_pass.TwoPassConfig):
                     parts = [("scores", cfg.score_warps, cfg.score_stages),
-                             ("tree_scores", cfg.score_warps, cfg.score_stages), ("pv", cfg.pv_warps, cfg.pv_stages)]
+                             ("edge_scores", cfg.score_warps, cfg.score_stages), ("pv", cfg.pv_warps, cfg.pv_stages)]
                     splits = 1
                 else:
                     parts = [("", cfg.num_warps, cfg.num_stages)]
@@ -322,7 +322,9 @@ def main(_):
     from absl import flags
 
     f = flags.FLAGS
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = f.ttir_dir or tmp
+        os.makedirs(d, exist_ok=True)
         if f.kernel == "mla":
             from pallas_kernels.mla_attention.pallas_triton import parse_config
             manifest = dump_mla([parse_config(c) for c in f.configs], [int(x) for x in f.q],
@@ -367,6 +369,7 @@ if __name__ == "__main__":
     else:
         from absl import app, flags
 
+        flags.DEFINE_string("ttir_dir", "", "keep each kernel's TTIR (as lowered, and after the TTIR stage) here")
         flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept: stream counts")
         flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept"],
                           "which Pallas:Triton kernel to compile")
