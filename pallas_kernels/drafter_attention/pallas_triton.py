@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
-from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
+from pallas_kernels.pallas_compat import LOG2E, interpret_mode, pl, plgpu
 
 TARGET_PROGRAMS = 128  # default splits: enough (stream, KV head, split) programs to spread the work
 
@@ -43,8 +43,8 @@ def _update(carry, s, v):
     m, l, acc = carry
     m_new = jnp.maximum(m, s.max(axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp(s - m_safe[:, None])
-    alpha = jnp.exp(m - m_safe)
+    p = jnp.exp2(s - m_safe[:, None])          # s and m in log2 units (see pallas_compat.exp)
+    alpha = jnp.exp2(m - m_safe)
     return m_new, l * alpha + p.sum(axis=1), acc * alpha[:, None] + _dot(p.astype(v.dtype), v, 0)
 
 
@@ -84,10 +84,10 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, kb_ref, vb_ref, *out_refs, scale, rows
 
 
 def _combine(acc, m, l):
-    """Partials acc [B,KV,P,R,hd], m and l [B,KV,P,R] -> normalised [B,KV,R,hd] float32. The last
-    split saw the block's keys, so every row's max is finite."""
+    """Partials acc [B,KV,P,R,hd], m (log2 units) and l [B,KV,P,R] -> normalised [B,KV,R,hd]
+    float32. The last split saw the block's keys, so every row's max is finite."""
     m_max = m.max(axis=2, keepdims=True)
-    w = jnp.exp(m - m_max)                                   # m = -inf (nothing seen) -> 0
+    w = jnp.exp2(m - m_max)                                  # m = -inf (nothing seen) -> 0
     return (w[..., None] * acc).sum(axis=2) / (w * l).sum(axis=2)[..., None]
 
 
@@ -133,7 +133,7 @@ def drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scal
                      pl.BlockSpec((None, None, None, rows), part),
                      pl.BlockSpec((None, None, None, rows), part)]
     args = [ctx_lengths.astype(jnp.int32), q_rows, ctx_k, ctx_v, kb, vb]
-    kernel = functools.partial(_kernel, scale=scale, rows=rows, rows_pad=rows_pad, block_n=block_n,
+    kernel = functools.partial(_kernel, scale=scale * LOG2E, rows=rows, rows_pad=rows_pad, block_n=block_n,
                                split_len=split_len, num_splits=splits, b=b, b_pad=b_pad)
     aliases = {}
     if poison:
