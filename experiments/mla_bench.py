@@ -15,7 +15,7 @@ config's time per shape, the fastest, and its speedup over the first config (the
   python3 experiments/mla_bench.py --ctx=8192,32768,1024 --q=16,64,256,4 --streams=1,16,8 \
       --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --budget_s=400    # one-pass vs two-pass
   python3 experiments/mla_bench.py --ctx=8192 --q=16,64 --streams=16 --impls=pallas_triton --parts \
-      --configs=tp128x128x8x3-128x256x64x8x3,tp128x128x8x3-128x256x64x8x3b    # each pass alone
+      --configs=tp128x256x8x3-128x256x64x8x3,tp128x128x8x3-128x256x64x8x3    # each pass alone
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                         row.update(ms=sec * 1e3, pct_floor=100 * floor / sec, tflops=flops / sec / 1e12)
                         if parts and name != "xla":
                             cfg = (configs[name.removeprefix("pallas ")]
-                                   or pallas_triton.select_config(num_q * heads, num_slots, v_dim))
+                                   or pallas_triton.select_config(num_q * heads, num_slots, v_dim, num_s))
                             if isinstance(cfg, two_pass.TwoPassConfig):
                                 row.update(two_pass_parts(args, cfg, scale, v_dim, min(2, len(args))))
                     except Exception as e:  # one failing config must not end the sweep

@@ -248,10 +248,7 @@ TWO_PASS_SMALL = [two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2),     # 
                   two_pass.TwoPassConfig(16, 64, 4, 2, 32, 32, 32, 4, 2)]     # 64-wide: two words per tile
 
 
-@pytest.mark.parametrize("config", TWO_PASS_SMALL + [dataclasses.replace(TWO_PASS_SMALL[0], bf16_scale=True),
-                                     dataclasses.replace(TWO_PASS_SMALL[0], edge_apart=True),
-                                     dataclasses.replace(TWO_PASS_SMALL[1], edge_apart=True)],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize("config", TWO_PASS_SMALL, ids=lambda c: c.name)
 @pytest.mark.parametrize("num_q", [10, 37, 70])
 def test_two_pass_poisoned(config, num_q):
     """Ragged ctx incl. 0 and off the tiles, Q spanning 1-3 mask words (1-3 tree tiles), a row that
@@ -280,10 +277,6 @@ def test_two_pass_k2_widths_bf16():
     assert out.shape == (2, 37, 2, 512) and out.dtype == jnp.bfloat16
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
     assert_close(out, ref, TOL[jnp.bfloat16], "two-pass k2 widths")
-    options = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
-                                                 config=two_pass.TwoPassConfig(bf16_scale=True, edge_apart=True),
-                                                 poison=True)
-    assert_close(options, ref, TOL[jnp.bfloat16], "two-pass k2 widths, bf16 tile scaling, edge tiles apart")
     apart = pallas_triton.mla_attention_pallas(q[..., :512], kv, ctx_lens, node_mask, scale=576 ** -0.5,
                                                v_dim=512, config=two_pass.TwoPassConfig(), poison=True,
                                                q_rope=q[..., 512:])
@@ -312,8 +305,13 @@ def test_two_pass_context_splits_and_stream_groups(monkeypatch):
 def test_select_config_picks_two_pass_for_k2_shapes():
     """>= 256 rows at K2 widths from 1024 slots: two-pass; plain decode, narrow latents: one-pass;
     the registered implementation follows it (here 32 nodes x 8 heads over 1100 slots)."""
-    assert isinstance(pallas_triton.select_config(64 * 16, 8208, 512), two_pass.TwoPassConfig)
-    assert isinstance(pallas_triton.select_config(64, 8193, 512), pallas_triton.BlockConfig)        # Q = 1
+    assert pallas_triton.select_config(64 * 16, 8208, 512) == two_pass.TwoPassConfig()
+    assert pallas_triton.select_config(64 * 4, 8196, 512) == two_pass.TwoPassConfig(score_n=128)    # few programs
+    assert pallas_triton.select_config(64 * 4, 8196, 512, 8) == two_pass.TwoPassConfig()
+    assert pallas_triton.select_config(64, 8193, 512, 8) == pallas_triton.BlockConfig()            # Q = 1
+    wide = pallas_triton.BlockConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
+    assert pallas_triton.select_config(64, 8193, 512, 16) == wide                                   # many slots
+    assert pallas_triton.select_config(64, 32769, 512, 8) == wide
     assert isinstance(pallas_triton.select_config(65 * 4, 2048, 64), pallas_triton.BlockConfig)     # small pair
     assert isinstance(pallas_triton.select_config(1024, 500, 512), pallas_triton.BlockConfig)
     q, kv, ctx_lens, node_mask, _ = make_case(10, 1, 32, 8, 576, 512, 1100, [1060], ["bushy"], jnp.bfloat16)
@@ -325,14 +323,10 @@ def test_select_config_picks_two_pass_for_k2_shapes():
 def test_two_pass_config_parse_and_checks():
     cfg = pallas_triton.parse_config("tp128x64x4x3-64x256x32x8x2")
     assert cfg == two_pass.TwoPassConfig(128, 64, 4, 3, 64, 256, 32, 8, 2) and cfg.name == "tp128x64x4x3-64x256x32x8x2"
-    assert pallas_triton.parse_config(cfg.name + "b") == dataclasses.replace(cfg, bf16_scale=True)
-    both = dataclasses.replace(cfg, bf16_scale=True, edge_apart=True)
-    assert both.name == cfg.name + "be" and pallas_triton.parse_config(both.name) == both
-    assert pallas_triton.parse_config(cfg.name + "e").edge_apart
     assert pallas_triton.parse_config(two_pass.TwoPassConfig().name) == two_pass.TwoPassConfig()
     assert pallas_triton.parse_config("32x64x4x2") == pallas_triton.BlockConfig()
-    for bad in ("tp128x64x4x3", "tp128x64x4x3-64x256x32x8x2bb"):
-        with pytest.raises(ValueError, match=r"tpMxNxWxS-MxVxKxWxS\[b\]\[e\]"):
+    for bad in ("tp128x64x4x3", "tp128x64x4x3-64x256x32x8x2be"):      # the b / e options became the default
+        with pytest.raises(ValueError, match="tpMxNxWxS-MxVxKxWxS"):
             pallas_triton.parse_config(bad)
     q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 2, 24, 16, 40, [10], ["chain"], jnp.float32)
     for bad, match in [(dict(score_n=16), "score_n must be >= 32"), (dict(score_m=48), "score_m must be a power"),
@@ -344,6 +338,7 @@ def test_two_pass_config_parse_and_checks():
 
 GPU_CASES = [  # (seed, S, Q, H, N, ctx, config): K2 widths (Dk 512 + 64), bf16
     (1, 3, 1, 64, 9000, [8999, 0, 4097], None),                                   # decode: one-pass, splits
+    (7, 16, 1, 64, 9000, [8999, 0, 4097] + [8000] * 13, None),                    # decode: 64-row tiles
     (2, 2, 37, 8, 3000, [2000, 0], pallas_triton.BlockConfig()),
     (3, 2, 37, 8, 3000, [2000, 0], pallas_triton.BlockConfig(num_splits=1)),
     (4, 2, 65, 8, 3000, [2900, 17], None),                                        # select_config: two-pass

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from pallas_kernels import registry
 from pallas_kernels.mla_attention.two_pass import (TwoPassConfig, fit_config, mla_attention_two_pass, row_masks,
                                                    score_chunk)
-from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
+from pallas_kernels.pallas_compat import LOG2E, interpret_mode, pl, plgpu
 
 _TREE_BLOCK = 32
 _TARGET_PROGRAMS = 264          # about two waves of the H200's 132 SMs
@@ -36,6 +36,8 @@ _MIN_SPLIT = 256                # fewest cache slots worth a split of their own
 _TWO_PASS_ROWS = 256            # select_config: (node, head) rows per stream, latent width and
 _TWO_PASS_V_DIM = 256           # cache slots from which the two-pass path is used
 _TWO_PASS_SLOTS = 1024
+_WIDE_SCORE_PROGRAMS = 256     # select_config: fewest pass-1 programs for 256-wide score tiles
+_WIDE_DECODE_SLOTS = 1 << 17    # select_config: streams x slots from which plain decode uses 64-row tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +74,27 @@ def parse_config(text: str) -> "BlockConfig | TwoPassConfig":
     return TwoPassConfig.parse(text) if text.startswith("tp") else BlockConfig.parse(text)
 
 
-def select_config(rows: int, num_slots: int, v_dim: int) -> "BlockConfig | TwoPassConfig":
-    """The two-pass GEMMs (two_pass.py) for K2-class widths once a stream has >= 256 (node, head)
-    rows; the one-pass kernel otherwise. On an H200 (2026-12-01, ctx 1k-32k, S 1-16, H = 64)
-    two-pass was faster at 34 of the 36 Q >= 4 shapes (0.65x and 0.91x at two sub-0.2 ms ones)
-    and slower at Q = 1; narrow latents (the shipped small pair's 64) were not measured with it."""
+def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1) -> "BlockConfig | TwoPassConfig":
+    """rows (node, head) pairs per stream over num_slots cache slots, num_s streams.
+
+    The two-pass GEMMs (two_pass.py) for K2-class widths once a stream has >= 256 rows; the
+    one-pass kernel otherwise. On an H200 (2026-12-01, ctx 1k-32k, S 1-16, H = 64) two-pass was
+    faster at 34 of the 36 Q >= 4 shapes (0.65x and 0.91x at two sub-0.2 ms ones) and slower at
+    Q = 1; narrow latents (the shipped small pair's 64) were not measured with it. Its 128x256
+    score tiles were 1.02-1.25x faster than 128x128 at 12 ctx 8k-32k shapes (>= 256 pass-1
+    programs); with fewer programs (one stream, short contexts) 128x128 keeps twice as many
+    programs running (at 4 such shapes, ctx 1k-8k, Q 4-64, S 1: 0.057-0.068 ms with session 14's
+    128x128 tiles, 0.069-0.092 with 128x256 in session 15; across sessions). Plain decode
+    (<= 64 rows) over >= 2^17 stream-slots takes 64-row tiles (every head of a stream in one
+    program, the cache read once): 1.07-1.27x faster at ctx 8k S 16 and ctx 32k S 8, 16; at ctx
+    8k S 8 they were 0.78x (twice the context splits of 32-row tiles, whose float32 partials
+    then rival the cache in bytes)."""
     if rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS:
-        return TwoPassConfig()
+        wide = TwoPassConfig()
+        programs = num_s * -(-rows // wide.score_m) * -(-num_slots // wide.score_n)
+        return wide if programs >= _WIDE_SCORE_PROGRAMS else dataclasses.replace(wide, score_n=128)
+    if rows <= 64 and v_dim >= _TWO_PASS_V_DIM and num_s * num_slots >= _WIDE_DECODE_SLOTS:
+        return BlockConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
     return BlockConfig()
 
 
@@ -98,8 +114,8 @@ def _update(carry, s, v):
     m, l, acc = carry
     m_new = jnp.maximum(m, s.max(axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp(s - m_safe[:, None])
-    alpha = jnp.exp(m - m_safe)
+    p = jnp.exp2(s - m_safe[:, None])          # s and m in log2 units (see pallas_compat.exp)
+    alpha = jnp.exp2(m - m_safe)
     acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, 0)
     return m_new, l * alpha + p.sum(axis=1), acc
 
@@ -161,9 +177,10 @@ def _kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, r
 
 
 def _combine(acc, m, l):
-    """Partials acc [S,P,R,V], m and l [S,P,R] of P context splits -> normalised [S,R,V] float32."""
+    """Partials acc [S,P,R,V], m (log2 units) and l [S,P,R] of P context splits -> normalised [S,R,V]
+    float32."""
     m_max = m.max(axis=1, keepdims=True)
-    w = jnp.where(m == -jnp.inf, 0.0, jnp.exp(m - jnp.where(m_max == -jnp.inf, 0.0, m_max)))
+    w = jnp.where(m == -jnp.inf, 0.0, jnp.exp2(m - jnp.where(m_max == -jnp.inf, 0.0, m_max)))
     total = (w * l).sum(axis=1)
     out = (w[..., None] * acc).sum(axis=1)
     return jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
@@ -196,7 +213,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         raise ValueError(f"pallas_triton mla_attention needs power-of-two v_dim and Dk - v_dim; "
                          f"got v_dim={v_dim}, Dk={dk}")
     rows = num_q * num_h
-    config = config or select_config(rows, num_slots, v_dim)
+    config = config or select_config(rows, num_slots, v_dim, num_s)
     q_rows = q.reshape(num_s, rows, q.shape[-1])
     qr_rows = q_rows if q_rope is None else q_rope.reshape(num_s, rows, rope)
     lead = (num_h, num_q) if heads_first else (num_q, num_h)
@@ -244,7 +261,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         args += [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape]
         in_specs += out_specs
     kernel = functools.partial(
-        _kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=v_dim if q_rope is None else 0,
+        _kernel, scale=scale * LOG2E, v_dim=v_dim, rope=rope, rope_col=v_dim if q_rope is None else 0,
         num_q=num_q, rows=rows, num_slots=num_slots, block_m=bm, block_n=bn, split_len=split_len,
         num_splits=splits)
     if poison:

@@ -7,13 +7,14 @@ spends memory bandwidth to let both matmuls run as plain, large-tile GEMMs:
 
 1. scores (grid: key tile x row block x stream): S = scale * q @ k^T for a [score_m, score_n]
    tile, masked, then P = exp(S - m_tile) written as [S, R, T * score_n] in kv.dtype, with the
-   tile's row max m and row sum l ([S, T, R] float32). Context tiles and tree tiles are separate
-   launches, so only the (few) tree tiles carry the ancestor-bitmask work; the tree launch
-   writes into the context launch's buffers.
+   tile's row max m (in log2 units: every exponential is an exp2) and row sum l ([S, T, R]
+   float32). Two launches: the whole context tiles with
+   no masking at all, then the "edge" tiles (the partial last context tile and the tree tiles,
+   which carry the key bounds and the ancestor bitmask) writing into the first launch's buffers.
 2. P @ V (grid: value column block x [split x] row block x stream): each program first folds its
    rows' (m, l) over the stream's tiles into the row max and sum, then accumulates
    sum over tiles of (exp(m_tile - m_row) / l_row * P_tile) @ V_tile with a float32 accumulator
-   only pv_v wide. With few programs (one stream, few rows) the context is split across
+   only pv_v wide (P scaled in kv.dtype: one multiply per two scores). With few programs (one stream, few rows) the context is split across
    programs; the factors are already global, so the float32 partials simply add.
 
 Key tiles of a stream: ceil(ctx / score_n) context tiles (slots n * score_n ..), then
@@ -32,7 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
+from pallas_kernels.pallas_compat import LOG2E, interpret_mode, pl, plgpu
 
 _P_BYTES = 2 << 30          # the largest P buffer one group of streams may use
 _WORD = 32                  # tree tokens per bitmask word
@@ -51,7 +52,7 @@ def score_chunk(v_dim: int) -> int:
 class TwoPassConfig:
     """Tiles and launch parameters of the two GEMMs (scores: m x n; P @ V: m x v, k deep)."""
     score_m: int = 128
-    score_n: int = 128
+    score_n: int = 256          # 128x256 was 1.02-1.25x faster than 128x128 or 256x128 (H200, 12 shapes)
     score_warps: int = 8
     score_stages: int = 3
     pv_m: int = 128
@@ -59,31 +60,20 @@ class TwoPassConfig:
     pv_k: int = 64
     pv_warps: int = 8
     pv_stages: int = 3
-    # Options prepared in session 14 and not yet timed on a GPU (off by default):
-    bf16_scale: bool = False    # suffix 'b': P @ V scales P by its tile factor in bf16 (one HMUL2 per
-                                # two scores instead of an f32 round trip: 295 -> 218 loop
-                                # instructions offline, +3% output error on the CPU)
-    edge_apart: bool = False    # suffix 'e': pass 1 runs whole context tiles with no masking and
-                                # the partial last one with the tree tiles (an unmasked variant of
-                                # the context launch measured 0.386 against 0.419 ms)
 
     @classmethod
     def parse(cls, text: str) -> "TwoPassConfig":
-        """'tpMxNxWxS-MxVxKxWxS[b][e]', e.g. 'tp128x128x8x3-128x256x64x8x3' (scores, then P @ V;
-        trailing options: 'b' bf16_scale, 'e' edge_apart)."""
+        """'tpMxNxWxS-MxVxKxWxS', e.g. 'tp128x128x8x3-128x256x64x8x3' (scores, then P @ V)."""
         score, _, pv = text.removeprefix("tp").partition("-")
-        opts = pv[len(pv.rstrip("be")):]
-        a, b = score.split("x"), pv[:len(pv) - len(opts)].split("x")
-        if (len(a) != 4 or len(b) != 5 or not all(x.isdigit() for x in a + b)
-                or len(set(opts)) != len(opts)):
-            raise ValueError(f"two-pass config must read 'tpMxNxWxS-MxVxKxWxS[b][e]'; got {text!r}")
-        return cls(*map(int, a + b), bf16_scale="b" in opts, edge_apart="e" in opts)
+        a, b = score.split("x"), pv.split("x")
+        if len(a) != 4 or len(b) != 5 or not all(x.isdigit() for x in a + b):
+            raise ValueError(f"two-pass config must read 'tpMxNxWxS-MxVxKxWxS'; got {text!r}")
+        return cls(*map(int, a + b))
 
     @property
     def name(self) -> str:
         return (f"tp{self.score_m}x{self.score_n}x{self.score_warps}x{self.score_stages}-"
-                f"{self.pv_m}x{self.pv_v}x{self.pv_k}x{self.pv_warps}x{self.pv_stages}"
-                f"{'b' if self.bf16_scale else ''}{'e' if self.edge_apart else ''}")
+                f"{self.pv_m}x{self.pv_v}x{self.pv_k}x{self.pv_warps}x{self.pv_stages}")
 
 
 def _dot(a, b, contract_b: int):
@@ -94,25 +84,21 @@ def _dot(a, b, contract_b: int):
 def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref, *, scale, v_dim, rope,
                    rope_col, chunk, num_q, rows, block_m, block_n, kind):
     """One [block_m, block_n] tile of P, m, l. Program n of a launch of `kind`:
-    "ctx": context tile n (keys below ctx); "tree": tree tile n (ancestor bitmask);
-    "full": context tile n when it is whole (no masking at all); "edge": n = 0 the partial last
-    context tile, n >= 1 tree tile n - 1. Launches run ctx + tree, or full + edge (edge_apart),
-    so the many context tiles carry little or no masking."""
+    "full": context tile n when it is whole (no masking at all: on an H200 at ctx 8k-32k this
+    launch structure was 3-16% faster than masking every context tile by its key bounds);
+    "edge": n = 0 the partial last context tile (if any), n >= 1 tree tile n - 1 (key bounds
+    and the ancestor bitmask)."""
     n = pl.program_id(0)
     r0 = pl.program_id(1) * block_m
     ctx = ctx_ref[()]
     ctx_tiles = (ctx + block_n - 1) // block_n
     full_tiles = ctx // block_n
     col = jnp.arange(block_n)
-    tree, t = kind in ("tree", "edge"), n - int(kind == "edge")     # t: this program's tree tile
-    if kind == "ctx":         # keys: slots n * block_n + col below ctx
-        start, key_ok, tile, active = n * block_n, n * block_n + col < ctx, n, n < ctx_tiles
-    elif kind == "full":      # keys: slots n * block_n + col, all below ctx
+    tree, t = kind == "edge", n - 1       # t: this program's tree tile (edge launch)
+    if kind == "full":        # keys: slots n * block_n + col, all below ctx
         start, key_ok, tile, active = n * block_n, None, n, n < full_tiles
-    elif kind == "tree":      # keys: tree tokens t * block_n + col at slots ctx + t * block_n + col
-        start, key_ok, tile, active = ctx + t * block_n, t * block_n + col < num_q, ctx_tiles + t, True
-    else:                     # edge: the partial context tile (n = 0) or a tree tile
-        is_tree = n > 0
+    else:                     # edge: the partial context tile (n = 0, keys below ctx) or tree tile t
+        is_tree = n > 0       # (keys: tree tokens t * block_n + col at slots ctx + t * block_n + col)
         start = jnp.where(is_tree, ctx + t * block_n, full_tiles * block_n)
         key_ok = jnp.where(is_tree, t * block_n + col < num_q, full_tiles * block_n + col < ctx)
         tile = jnp.where(is_tree, ctx_tiles + t, full_tiles)
@@ -147,20 +133,19 @@ def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref
                                   mask=row_ok, other=0)
                 bit = (word[:, None] >> (col % _WORD)[None, :]) & 1
                 bits = jnp.where((col // _WORD == w)[None, :], bit, bits)
-            seen = bits != 0
-            seen = (seen | (n == 0)) if kind == "edge" else seen     # edge program 0: a context tile
+            seen = (bits != 0) | (n == 0)      # edge program 0 is a context tile
             s = jnp.where(seen & key_ok[None, :], s, -jnp.inf)
         elif key_ok is not None:
             s = jnp.where(key_ok[None, :], s, -jnp.inf)
         m = s.max(axis=1)     # -inf: the row sees no key of this tile (only in a tree tile)
-        p = jnp.exp(s - (jnp.where(m == -jnp.inf, 0.0, m) if tree else m)[:, None])
+        p = jnp.exp2(s - (jnp.where(m == -jnp.inf, 0.0, m) if tree else m)[:, None])
         plgpu.store(p_ref.at[rws, pl.ds(tile * block_n, block_n)], p.astype(p_ref.dtype), mask=row_ok[:, None])
         plgpu.store(m_ref.at[tile, rws], m, mask=row_ok)
         plgpu.store(l_ref.at[tile, rws], p.sum(axis=1), mask=row_ok)
 
 
 def _pv_kernel(ctx_ref, p_ref, m_ref, l_ref, kv_ref, o_ref, *, num_q, rows, block_m, block_v, block_k, block_n,
-               tree_tiles, v_blocks, splits, bf16_scale):
+               tree_tiles, v_blocks, splits):
     """Output columns c0 .. c0 + block_v of rows r0 .. r0 + block_m, over split `split` of the
     context steps (the last split also takes the tree steps); with splits > 1, o_ref holds this
     split's float32 partial sum (the factors are global, so partials simply add)."""
@@ -179,7 +164,7 @@ def _pv_kernel(ctx_ref, p_ref, m_ref, l_ref, kv_ref, o_ref, *, num_q, rows, bloc
         l = plgpu.load(l_ref.at[n, rws], mask=row_ok, other=0)
         new = jnp.maximum(m_row, m)
         safe = jnp.where(new == -jnp.inf, 0.0, new)
-        return new, l_row * jnp.exp(m_row - safe) + l * jnp.exp(m - safe)
+        return new, l_row * jnp.exp2(m_row - safe) + l * jnp.exp2(m - safe)
 
     m_row, l_row = jax.lax.fori_loop(0, ctx_tiles + tree_tiles, row_stats,
                                      (jnp.full((block_m,), -jnp.inf, jnp.float32),
@@ -193,10 +178,8 @@ def _pv_kernel(ctx_ref, p_ref, m_ref, l_ref, kv_ref, o_ref, *, num_q, rows, bloc
         p = plgpu.load(p_ref.at[rws, pl.ds(col0, block_k)], mask=row_ok[:, None], other=0)
         m = plgpu.load(m_ref.at[col0 // block_n, rws], mask=row_ok, other=-jnp.inf)
         v = plgpu.load(kv_ref.at[pl.ds(start, block_k), pl.ds(c0, block_v)], mask=key_ok[:, None], other=0)
-        f = jnp.exp(m - m_row) * inv_l
-        if bf16_scale:
-            return acc + _dot(p * f.astype(p.dtype)[:, None], v, 0)
-        return acc + _dot((p.astype(jnp.float32) * f[:, None]).astype(v.dtype), v, 0)
+        f = jnp.exp2(m - m_row) * inv_l         # scaling P in kv.dtype was 0-2% faster than in f32
+        return acc + _dot(p * f.astype(p.dtype)[:, None], v, 0)
 
     def ctx_body(i, acc):                       # P column = cache slot
         return step(i * block_k, i * block_k, i * block_k + kk < ctx, acc)
@@ -228,7 +211,8 @@ def _layout(num_slots: int, num_q: int, config: TwoPassConfig) -> tuple[int, int
 def scores(q_rows, qr_rows, kv, ctx_lens, row_mask, *, scale, v_dim, rope, rope_col, num_q, config,
            poison=False):
     """Pass 1: -> P [S, R, T * score_n] (kv.dtype), m and l [S, T, R] float32 (see the module doc):
-    one launch over the context tiles, then one over the tree tiles writing into the same buffers."""
+    one launch over the whole context tiles, then one over the edge tiles (the partial context
+    tile and the tree tiles) writing into the same buffers."""
     c = config
     num_s, rows, _ = q_rows.shape
     tree_tiles, tiles = _layout(kv.shape[1], num_q, c)
@@ -237,15 +221,14 @@ def scores(q_rows, qr_rows, kv, ctx_lens, row_mask, *, scale, v_dim, rope, rope_
                  jax.ShapeDtypeStruct((num_s, tiles, rows), jnp.float32)]
     args = [ctx_lens, q_rows, qr_rows, kv, row_mask]
     kernel = functools.partial(
-        _scores_kernel, scale=scale, v_dim=v_dim, rope=rope, rope_col=rope_col, chunk=score_chunk(v_dim),
+        _scores_kernel, scale=scale * LOG2E, v_dim=v_dim, rope=rope, rope_col=rope_col, chunk=score_chunk(v_dim),
         num_q=num_q, rows=rows, block_m=c.score_m, block_n=c.score_n)
     into = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else None
-    first, second = ("full", "edge") if c.edge_apart else ("ctx", "tree")
     row_blocks = -(-rows // c.score_m)
-    outs = _call(functools.partial(kernel, kind=first), (max(tiles - tree_tiles, 1), row_blocks, num_s), args,
+    outs = _call(functools.partial(kernel, kind="full"), (max(tiles - tree_tiles, 1), row_blocks, num_s), args,
                  out_shape, c.score_warps, c.score_stages, "mla_scores", into)
-    return _call(functools.partial(kernel, kind=second), (tree_tiles + int(c.edge_apart), row_blocks, num_s),
-                 args, out_shape, c.score_warps, c.score_stages, "mla_tree_scores", list(outs))
+    return _call(functools.partial(kernel, kind="edge"), (tree_tiles + 1, row_blocks, num_s),
+                 args, out_shape, c.score_warps, c.score_stages, "mla_edge_scores", list(outs))
 
 
 def pv_splits(num_s: int, rows: int, v_dim: int, num_slots: int, num_q: int, config: TwoPassConfig) -> int:
@@ -265,7 +248,7 @@ def pv(p, m, l, kv, ctx_lens, *, v_dim, num_q, config, out_dtype, poison=False):
     splits = pv_splits(num_s, rows, v_dim, kv.shape[1], num_q, c)
     kernel = functools.partial(_pv_kernel, num_q=num_q, rows=rows, block_m=c.pv_m, block_v=c.pv_v,
                                block_k=c.pv_k, block_n=c.score_n, tree_tiles=_layout(kv.shape[1], num_q, c)[0],
-                               v_blocks=v_blocks, splits=splits, bf16_scale=c.bf16_scale)
+                               v_blocks=v_blocks, splits=splits)
     grid = (v_blocks * splits, -(-rows // c.pv_m), num_s)
     if splits == 1:
         out = jax.ShapeDtypeStruct((num_s, rows, v_dim), out_dtype)
