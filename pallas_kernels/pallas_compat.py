@@ -13,7 +13,6 @@ import math
 import warnings
 
 import jax
-import jax.numpy as jnp
 
 warnings.filterwarnings("ignore", message=r".*[Tt]riton.*deprecat.*")
 warnings.filterwarnings("ignore", message=r".*deprecat.*[Tt]riton.*")
@@ -21,17 +20,13 @@ warnings.filterwarnings("ignore", message=r".*deprecat.*[Tt]riton.*")
 from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.pallas import triton as plgpu  # noqa: E402
 
-__all__ = ["pl", "plgpu", "interpret_mode", "on_gpu", "exp", "LOG2E"]
+__all__ = ["pl", "plgpu", "interpret_mode", "on_gpu", "LOG2E"]
 
+# Kernels exponentiate with jnp.exp2, keeping scores in log2 units (scale * LOG2E): float32 jnp.exp
+# lowers to libdevice's __nv_expf, an exactly rounded routine that held a 128x128 scores tile at
+# 128 registers instead of 96 (and made 128x256 spill) in offline sm_90a compiles, where
+# __nv_exp2f is the hardware ex2 (about 2 ulp).
 LOG2E = math.log2(math.e)
-
-
-def exp(x):
-    """e^x for kernels: float32 jnp.exp lowers to libdevice's __nv_expf, an exact-rounding routine
-    that held a 128x128 scores tile at 128 registers instead of 96 (spilling at 128x256) in
-    offline sm_90a compiles; __nv_exp2f is the hardware ex2 (about 2 ulp). Kernels that only
-    compare and exponentiate keep scores in log2 units (scale * LOG2E) and call jnp.exp2."""
-    return jnp.exp2(x * LOG2E)
 
 
 def on_gpu() -> bool:

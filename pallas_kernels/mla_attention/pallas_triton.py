@@ -114,7 +114,7 @@ def _update(carry, s, v):
     m, l, acc = carry
     m_new = jnp.maximum(m, s.max(axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp2(s - m_safe[:, None])          # s and m in log2 units (see pallas_compat.exp)
+    p = jnp.exp2(s - m_safe[:, None])          # s and m in log2 units (see pallas_compat.LOG2E)
     alpha = jnp.exp2(m - m_safe)
     acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, 0)
     return m_new, l * alpha + p.sum(axis=1), acc
