@@ -1,8 +1,9 @@
 """Pallas:Triton MLA tree-verify attention (flash-decoding over the latent cache).
 
 This file holds the one-pass kernel and the registered entry point; `select_config` sends
-K2-size verify shapes to the two-pass GEMMs of two_pass.py instead (1.2-2.1x faster there on an
-H200), keeping this kernel for plain decode (Q = 1) and narrow latents.
+K2-size verify shapes to the two-pass GEMMs of two_pass.py instead (1.3-1.6x faster there on an
+H200 in session 14, before both paths moved to exp2), keeping this kernel for plain decode (Q = 1,
+64-row tiles once the stream-slots are many) and narrow latents.
 
 Rows of a program are BLOCK_M consecutive (node, head) pairs of one stream (q viewed as
 [S, Q*H, Dk]), so each K/V tile loaded from the shared latent head serves BLOCK_M query rows.
