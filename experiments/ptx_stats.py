@@ -358,7 +358,7 @@ def main(_):
             print(f"| {m['config']} | {m['q']} | {m['splits']} | ERROR {r['error']} | | | | | |")
             continue
         mma = f"wgmma x{r['wgmma']}" if r["wgmma"] else f"mma.sync x{r['mma']}"
-        top = " ".join(f"{k}:{v}" for k, v in list(r["loop_ops"].items())[:8])
+        top = " ".join(f"{k}:{v}" for k, v in list(r["loop_ops"].items())[:f.top_ops])
         print(f"| {m['config']} | {m['q']} | {m['splits']} | {r['regs']} | {r['spill_st']}/{r['spill_ld']} | "
               f"{r['smem']} | {mma} | {r['loop']} | {top} |")
 
@@ -369,6 +369,7 @@ if __name__ == "__main__":
     else:
         from absl import app, flags
 
+        flags.DEFINE_integer("top_ops", 8, "opcodes listed per kernel loop, most frequent first")
         flags.DEFINE_string("ttir_dir", "", "keep each kernel's TTIR (as lowered, and after the TTIR stage) here")
         flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept: stream counts")
         flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept"],
