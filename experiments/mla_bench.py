@@ -42,7 +42,8 @@ flags.DEFINE_integer("dk", 576, "latent width (kv_lora + rope)")
 flags.DEFINE_integer("v_dim", 512, "value width (kv_lora)")
 flags.DEFINE_list("configs", ["auto"],
                   "pallas configs: 'auto' (select_config's pick per shape), one-pass "
-                  "block_m x block_n x warps x stages, or two-pass 'tpMxNxWxS-MxVxKxWxS' (scores GEMM, "
+                  "'BMxBNxWARPSxSTAGES[sSPLITS]' (sN: N context splits, else by occupancy), or two-pass "
+                  "'tpMxNxWxS-MxVxKxWxS' (scores GEMM, "
                   "P @ V GEMM); first = baseline")
 flags.DEFINE_list("impls", ["pallas_triton", "xla"], "implementations to time")
 flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone")

@@ -239,8 +239,11 @@ def test_block_config_parse():
     cfg = pallas_triton.BlockConfig.parse("64x32x4x2")
     assert cfg == pallas_triton.BlockConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     assert cfg.name == "64x32x4x2" and pallas_triton.BlockConfig.parse("32x64x4x2") == pallas_triton.BlockConfig()
-    with pytest.raises(ValueError, match="BMxBNxWARPSxSTAGES"):
-        pallas_triton.BlockConfig.parse("64x32x4x2v2")     # v_split was removed (always slower)
+    capped = pallas_triton.BlockConfig.parse("64x64x8x2s9")      # context splits given
+    assert capped.num_splits == 9 and capped.name == "64x64x8x2s9"
+    for bad in ("64x32x4x2v2", "64x32x4x2s0", "64x32x4x2s", "64x32x4s2"):   # v_split was removed
+        with pytest.raises(ValueError, match="BMxBNxWARPSxSTAGES"):
+            pallas_triton.BlockConfig.parse(bad)
 
 
 # Two-pass path (two_pass.py): a scores GEMM writing P, m, l, then a P @ V GEMM.

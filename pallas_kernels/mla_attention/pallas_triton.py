@@ -52,17 +52,21 @@ class BlockConfig:
 
     @classmethod
     def parse(cls, text: str) -> "BlockConfig":
-        """'BMxBNxWARPSxSTAGES', e.g. '32x64x4x2'."""
-        dims = text.split("x")
-        if len(dims) != 4 or not all(d.isdigit() for d in dims):
-            raise ValueError(f"one-pass config must read 'BMxBNxWARPSxSTAGES'; got {text!r}")
+        """'BMxBNxWARPSxSTAGES[sSPLITS]', e.g. '32x64x4x2', or '64x64x8x2s9' with 9 context splits."""
+        tiles, _, splits = text.partition("s")
+        dims = tiles.split("x")
+        if (len(dims) != 4 or not all(d.isdigit() for d in dims)
+                or not (text == tiles or splits.isdigit() and int(splits) > 0)):
+            raise ValueError(f"one-pass config must read 'BMxBNxWARPSxSTAGES[sSPLITS]'; got {text!r}")
         bm, bn, warps, stages = map(int, dims)
-        return cls(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+        return cls(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
+                   num_splits=int(splits) if splits else None)
 
     @property
     def name(self) -> str:
-        """The inverse of parse (num_splits is not part of the name)."""
-        return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}"
+        """The inverse of parse."""
+        splits = f"s{self.num_splits}" if self.num_splits else ""
+        return f"{self.block_m}x{self.block_n}x{self.num_warps}x{self.num_stages}{splits}"
 
 
 def _is_pow2(n: int) -> bool:
