@@ -94,8 +94,8 @@ def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref
     ctx_tiles = (ctx + block_n - 1) // block_n
     full_tiles = ctx // block_n
     col = jnp.arange(block_n)
-    tree, t = kind == "edge", n - 1       # t: this program's tree tile (edge launch)
-    if kind == "full":        # keys: slots n * block_n + col, all below ctx
+    edge, t = kind == "edge", n - 1       # t: this program's tree tile (edge launch)
+    if not edge:        # keys: slots n * block_n + col, all below ctx
         start, key_ok, tile, active = n * block_n, None, n, n < full_tiles
     else:                     # edge: the partial context tile (n = 0, keys below ctx) or tree tile t
         is_tree = n > 0       # (keys: tree tokens t * block_n + col at slots ctx + t * block_n + col)
@@ -126,7 +126,7 @@ def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref
             a = plgpu.load(qr_ref.at[rws, pl.ds(rope_col, rope)], mask=row_ok[:, None], other=0)
             s = (acc + _dot(a, load_keys(pl.ds(v_dim, rope)), 1)) * scale
 
-        if tree:  # bit t * block_n + c of each row's ancestor mask: word t * block_n / 32 + c / 32
+        if edge:  # bit t * block_n + c of each row's ancestor mask: word t * block_n / 32 + c / 32
             bits = jnp.zeros((block_m, block_n), jnp.int32)
             for w in range(block_n // _WORD):
                 word = plgpu.load(mask_ref.at[rws, jnp.maximum(t, 0) * (block_n // _WORD) + w],
@@ -135,10 +135,8 @@ def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref
                 bits = jnp.where((col // _WORD == w)[None, :], bit, bits)
             seen = (bits != 0) | (n == 0)      # edge program 0 is a context tile
             s = jnp.where(seen & key_ok[None, :], s, -jnp.inf)
-        elif key_ok is not None:
-            s = jnp.where(key_ok[None, :], s, -jnp.inf)
         m = s.max(axis=1)     # -inf: the row sees no key of this tile (only in a tree tile)
-        p = jnp.exp2(s - (jnp.where(m == -jnp.inf, 0.0, m) if tree else m)[:, None])
+        p = jnp.exp2(s - (jnp.where(m == -jnp.inf, 0.0, m) if edge else m)[:, None])
         plgpu.store(p_ref.at[rws, pl.ds(tile * block_n, block_n)], p.astype(p_ref.dtype), mask=row_ok[:, None])
         plgpu.store(m_ref.at[tile, rws], m, mask=row_ok)
         plgpu.store(l_ref.at[tile, rws], p.sum(axis=1), mask=row_ok)
