@@ -4,8 +4,9 @@ call that checks every 4 steps for streams with tokens left; ar dispatches its k
 from the host and reads nothing (decode_loop "auto", session 11). 24 points;
 about 20 s each on an H200 (compiles and stage times included), so one device call of 10 minutes
 holds it. Add temperatures or budgets with --config.key=value, GPU graph settings with
---config.xla_flags; BENCHMARKS.md's "GRAPHS_ALL" (while loops, conditionals and graphs of any size
-recorded into CUDA graphs as well) is
+--config.xla_flags. The device loop's executable already records its while loop and conditionals
+into CUDA graphs (`engine.DEVICE_LOOP_GRAPHS`, session 16: 1.09-1.13x on the all-prompts 1-stream
+ddtree decode); BENCHMARKS.md's "GRAPHS_ALL", the same settings for every executable, is
 
     --config.xla_flags="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,\
 DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1"

@@ -487,12 +487,29 @@ def exact_steps(plan: Plan, left0: np.ndarray) -> int | None:
     return int(np.max(left0, initial=0)) if _steps_known(plan) else None
 
 
+# XLA options the device loop's executable is compiled with: its while loop and conditionals are
+# recorded into CUDA graphs as well (XLA's default records fusions, library calls and custom calls,
+# and drives a while loop from the host, which reads the loop's condition every iteration), and
+# graphs of any size are kept. Flags of XLA's GPU backend; other backends accept and ignore them.
+# H200, shipped pair, every held-out prompt alone, ddtree@64 with 2 steps per check, interleaved
+# in one process, 3 processes: 171.9-175.2 ms against 189.6-197.4 ms with XLA's defaults. ar's
+# host-loop step measured 2.5% slower with them (548.8 against 535.3 ms), so it keeps the defaults
+# (BENCHMARKS.md, issue 7, session 16).
+DEVICE_LOOP_GRAPHS = {
+    "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,"
+                                     "WHILE,CONDITIONAL",
+    "xla_gpu_graph_min_graph_size": 1,
+}
+
+
 def compile_decode(tparams, dparams, state: EngineState, su: Setup, steps_per_call: int,
-                   loop: str):
-    """The compiled call that one decode of `loop` ("host" or "device") dispatches."""
+                   loop: str, device_graphs: bool = True):
+    """The compiled call that one decode of `loop` ("host" or "device") dispatches; the device
+    loop with `DEVICE_LOOP_GRAPHS` unless device_graphs=False (XLA's defaults)."""
     if loop == "device":
-        return _decode_all.lower(tparams, dparams, state, su.plan, steps_per_call,
-                                 -(-su.max_steps // steps_per_call)).compile()
+        lowered = _decode_all.lower(tparams, dparams, state, su.plan, steps_per_call,
+                                    -(-su.max_steps // steps_per_call))
+        return lowered.compile(compiler_options=DEVICE_LOOP_GRAPHS if device_graphs else None)
     return _step.lower(tparams, dparams, state, su.plan, steps_per_call).compile()
 
 

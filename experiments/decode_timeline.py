@@ -12,8 +12,9 @@ Per point (method:budget:streams:steps_per_call) on the shipped pair and the hel
 with each of `--loops`, interleaved so all see the same machine state: "paced" is the engine's host
 loop (engine.decode as generate runs it with decode_loop="host": for ar without stop tokens,
 exactly the known calls and no reads), "unpaced" the same without pacing (dispatching `max_lag`
-calls ahead to the end), "device" the whole decode as one call (decode_loop="device"); every loop
-must emit the same tokens. Reported: median wall ms, the steps the device ran, and the median
+calls ahead to the end), "device" the whole decode as one call (decode_loop="device", compiled
+with engine.DEVICE_LOOP_GRAPHS), "device_xla_graphs" the same call compiled with XLA's default
+command buffers (the engine before session 16); every loop must emit the same tokens. Reported: median wall ms, the steps the device ran, and the median
 host time to dispatch one call (the step's launches: when it exceeds the device time of a call,
 the host sets the pace). With `--batches` > 1 each point
 decodes that many batches of consecutive held-out prompts (one compiled step for all; e.g. every
@@ -42,7 +43,7 @@ import ddtree_jax as dj
 from ddtree_jax import bench_util, data, engine
 
 FLAGS = flags.FLAGS
-LOOPS = ("paced", "unpaced", "device")
+LOOPS = ("paced", "unpaced", "device", "device_xla_graphs")
 
 
 def parse_point(text: str) -> tuple[str, int, int, int]:
@@ -78,9 +79,12 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
     copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
     steps = {}   # loop -> the compiled call it dispatches
     for loop in FLAGS.loops:
-        kind = "device" if loop == "device" else "host"
-        steps[loop] = next((steps[x] for x in steps if (x == "device") == (kind == "device")),
-                           None) or engine.compile_decode(tparams, dparams, prefilled[0], su, k, kind)
+        if loop.startswith("device"):
+            steps[loop] = engine.compile_decode(tparams, dparams, prefilled[0], su, k, "device",
+                                                device_graphs=loop == "device")
+        else:   # "paced" and "unpaced" dispatch the same compiled step
+            steps[loop] = next((steps[x] for x in steps if not x.startswith("device")), None) \
+                or engine.compile_decode(tparams, dparams, prefilled[0], su, k, "host")
         jax.block_until_ready(steps[loop](tparams, dparams, copy(prefilled[0])))   # warm-up
 
     def decode(loop: str, state):   # engine.run_decode, with the host's time to dispatch each call
@@ -92,7 +96,7 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
 
         t0 = time.perf_counter()
         state = engine.run_decode(timed_step, tparams, dparams, state, su, k,
-                                  "device" if loop == "device" else "host",
+                                  "device" if loop.startswith("device") else "host",
                                   pace=loop == "paced")
         state.out_len.block_until_ready()
         return time.perf_counter() - t0, state
@@ -133,7 +137,7 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
             kernels, _ = bench_util.device_kernels(d)
         rec[name] = dict(wall_ms=wall * 1e3, tokens_per_second=tokens / wall,
                          device_steps=device_steps,
-                         calls=len(batches) if name == "device" else device_steps // k,
+                         calls=len(batches) if name.startswith("device") else device_steps // k,
                          dispatch_ms=float(np.median(dispatches[name])) * 1e3,
                          traced_wall_ms=traced_wall * 1e3)
         if kernels:   # the first batch's decode

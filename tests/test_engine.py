@@ -107,6 +107,27 @@ def test_ar_decode_loops_agree(pair32, prompts, greedy_ar, loop, stop):
         assert out.device_steps == -(-out.steps // 3) * 3
 
 
+def test_device_loop_graph_options_change_nothing_but_the_executable(pair32, prompts, greedy_ar):
+    """The device loop compiled with DEVICE_LOOP_GRAPHS (valid XLA options: a bad value would fail
+    the compile) and with XLA's defaults: the same final state, greedy ar's tokens."""
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=6,
+                      max_new_tokens=max_new[:4], stop_tokens=(stop,))
+    state = engine.prefill(target, drafter, su)
+    finals = []
+    for graphs in (True, False):
+        call = engine.compile_decode(target[1], drafter[1], state, su, 2, "device",
+                                     device_graphs=graphs)
+        s = engine.run_decode(call, target[1], drafter[1],
+                              jax.tree_util.tree_map(jnp.copy, state), su, 2, "device")
+        finals.append(jax.tree_util.tree_map(np.asarray, (s.out_tokens, s.out_len, s.accept)))
+    for a, b in zip(*finals):
+        np.testing.assert_array_equal(a, b)
+    out_tokens, out_len, _ = finals[0]
+    assert [out_tokens[i, :out_len[i]].tolist() for i in range(4)] == ar.tokens[:4]
+
+
 def test_drafter_kernel_keeps_generation_lossless(pair32, prompts, greedy_ar):
     """The drafter's attention through the Pallas kernel (interpret mode here): still greedy ar's
     tokens; a bad implementation name is an error that names the argument."""
