@@ -37,7 +37,6 @@ _MIN_SPLIT = 256                # fewest cache slots worth a split of their own
 _TWO_PASS_ROWS = 256            # select_config: (node, head) rows per stream, latent width and
 _TWO_PASS_V_DIM = 256           # cache slots from which the two-pass path is used
 _TWO_PASS_SLOTS = 1024
-_WIDE_SCORE_PROGRAMS = 256     # select_config: fewest pass-1 programs for 256-wide score tiles
 _WIDE_DECODE_SLOTS = 1 << 17    # select_config: streams x slots from which plain decode uses 64-row tiles
 
 
@@ -86,18 +85,16 @@ def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1) -> "Blo
     one-pass kernel otherwise. On an H200 (2026-12-01, ctx 1k-32k, S 1-16, H = 64) two-pass was
     faster at 34 of the 36 Q >= 4 shapes (0.65x and 0.91x at two sub-0.2 ms ones) and slower at
     Q = 1; narrow latents (the shipped small pair's 64) were not measured with it. Its 128x256
-    score tiles were 1.02-1.25x faster than 128x128 at 12 ctx 8k-32k shapes (>= 256 pass-1
-    programs); with fewer programs (one stream, short contexts) 128x128 keeps twice as many
-    programs running (at 4 such shapes, ctx 1k-8k, Q 4-64, S 1: 0.057-0.068 ms with session 14's
-    128x128 tiles, 0.069-0.092 with 128x256 in session 15; across sessions). Plain decode
+    score tiles were 1.02-1.25x faster than 128x128 at 12 ctx 8k-32k shapes; at six one-stream
+    shapes (ctx 1k and 8k, Q 4-64) the two tiles came out 0.68-1.20x apart either way within one
+    run, inside that run's noise at these sub-0.3 ms times, so no few-programs exception is kept
+    (session 16). Plain decode
     (<= 64 rows) over >= 2^17 stream-slots takes 64-row tiles (every head of a stream in one
     program, the cache read once): 1.07-1.27x faster at ctx 8k S 16 and ctx 32k S 8, 16; at ctx
     8k S 8 they were 0.78x (twice the context splits of 32-row tiles, whose float32 partials
     then rival the cache in bytes)."""
     if rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS:
-        wide = TwoPassConfig()
-        programs = num_s * -(-rows // wide.score_m) * -(-num_slots // wide.score_n)
-        return wide if programs >= _WIDE_SCORE_PROGRAMS else dataclasses.replace(wide, score_n=128)
+        return TwoPassConfig()
     if rows <= 64 and v_dim >= _TWO_PASS_V_DIM and num_s * num_slots >= _WIDE_DECODE_SLOTS:
         return BlockConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
     return BlockConfig()
