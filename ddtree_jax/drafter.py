@@ -91,16 +91,17 @@ class DFlashAttention(nn.Module):
         """x [B,T,d] (RMSNorm'd by `norm` [d] first), positions [B,T] -> k, v [B,T,KV,hd]."""
         return self.project(x, positions, norm, with_q=False)[1:]
 
-    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths, norm):
+    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths, norm, layer: int):
         """x [B,b,d] the block (RMSNorm'd by `norm` [d] first), positions [B,b]; ctx_k/ctx_v
-        [B,KV,N,hd] whose slots < ctx_lengths [B] hold the context -> [B,b,d]. The attention
-        itself is the registry's "drafter_attention": products in ctx_k's dtype with float32
-        accumulation, softmax over context + block in float32."""
+        [L,B,KV,N,hd], the stacked cache, of which layer `layer`'s slots < ctx_lengths [B] hold
+        the context -> [B,b,d]. The attention itself is the registry's "drafter_attention" (which
+        reads the stack in place): products in ctx_k's dtype with float32 accumulation, softmax
+        over context + block in float32."""
         c = self.cfg
         bsz, b, _ = x.shape
         q, k_blk, v_blk = self.project(x, positions, norm, with_q=True)
         o = drafter_attention(q.astype(ctx_k.dtype), ctx_k, ctx_v, ctx_lengths, k_blk, v_blk,
-                              scale=c.head_dim ** -0.5, impl=self.attn_impl)
+                              scale=c.head_dim ** -0.5, layer=layer, impl=self.attn_impl)
         return self.o_proj(o.reshape(bsz, b, -1).astype(x.dtype))
 
 
@@ -121,8 +122,10 @@ class DFlashLayer(nn.Module):
     def context_kv(self, ctx, positions, norm):
         return self.self_attn.kv(ctx, positions, norm)
 
-    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths):
-        h = x + self.self_attn(x, positions, ctx_k, ctx_v, ctx_lengths, self.input_layernorm.scale)
+    def __call__(self, x, positions, ctx_k, ctx_v, ctx_lengths, layer: int):
+        """ctx_k/ctx_v: the stacked [L,B,KV,N,hd] cache; this layer reads index `layer`."""
+        h = x + self.self_attn(x, positions, ctx_k, ctx_v, ctx_lengths, self.input_layernorm.scale,
+                               layer)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -155,7 +158,7 @@ class DFlashDrafter(nn.Module):
         -> final-normed hidden [B,b,d]."""
         x = noise_embedding
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, ctx_k[i], ctx_v[i], ctx_lengths)
+            x = layer(x, positions, ctx_k, ctx_v, ctx_lengths, i)
         return self.norm(x)
 
 

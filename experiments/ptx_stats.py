@@ -211,11 +211,12 @@ def dump_drafter(configs, ctxs, *, dims, out_dir) -> list[dict]:
             block_n, warps, stages = (int(x) for x in cfg.split("x"))
             for n in ctxs:
                 bf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)   # noqa: E731
-                specs = (bf(num_s, b, h, hd), bf(num_s, kvh, n, hd), bf(num_s, kvh, n, hd),
+                # the engine's form: a stacked two-layer cache, read at layer 1
+                specs = (bf(num_s, b, h, hd), bf(2, num_s, kvh, n, hd), bf(2, num_s, kvh, n, hd),
                          jax.ShapeDtypeStruct((num_s,), jnp.int32), bf(num_s, b, kvh, hd),
                          bf(num_s, b, kvh, hd))
                 fn = functools.partial(pallas_triton.drafter_attention_pallas, scale=hd ** -0.5,
-                                       block_n=block_n, num_warps=warps, num_stages=stages)
+                                       layer=1, block_n=block_n, num_warps=warps, num_stages=stages)
                 jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
                 key = f"{cfg} N={n}"
                 splits = pallas_triton.default_splits(num_s * kvh, n, block_n)

@@ -66,6 +66,28 @@ def test_pallas_splits_write_every_row(block_n, splits):
     assert_close(out, drafter_attention_reference(*args, scale=0.25), 2e-6, f"{block_n}x{splits}")
 
 
+@pytest.mark.parametrize("shape", [(2, 16, 4, 1, 64, 100), (3, 5, 8, 2, 16, 37)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("impl", runnable_impls("drafter_attention"))
+def test_stacked_cache_reads_its_layer(impl, shape):
+    """ctx_k / ctx_v as a stacked [L, B, KV, N, hd] cache with `layer`: layer i's golden (the other
+    layers hold different values, so reading the wrong one fails); the Pallas outputs poisoned."""
+    rng = np.random.default_rng(11 + sum(shape))
+    layers = [_inputs(rng, *shape) for _ in range(3)]
+    q, _, _, lengths, kb, vb = layers[0]
+    ck = np.stack([x[1] for x in layers])
+    cv = np.stack([x[2] for x in layers])
+    scale = shape[4] ** -0.5
+    for i in range(3):
+        args = (q, ck, cv, lengths, kb, vb)
+        if impl == "pallas_triton":
+            out = drafter_attention_pallas(*map(jnp.asarray, args), scale=scale, layer=i, poison=True)
+        else:
+            out = drafter_attention(*map(jnp.asarray, args), scale=scale, layer=i, impl=impl)
+        ref = drafter_attention_reference(q, ck[i], cv[i], lengths, kb, vb, scale=scale)
+        assert_close(out, ref, 2e-6, f"{impl} layer {i}")
+
+
 def test_default_splits():
     """Up to 128 programs in all, never more splits than context tiles."""
     from pallas_kernels.drafter_attention.pallas_triton import default_splits
@@ -88,6 +110,14 @@ def test_bad_shapes_are_named():
         drafter_attention(q, ck, cv, m.astype(jnp.float32), kb, vb, scale=1.0)
     with pytest.raises(ValueError, match="v_blk"):
         drafter_attention(q, ck, cv, m, kb, vb[:, :2], scale=1.0)
+    stack = jnp.stack([ck, ck])
+    for layer in (2, -1, True):
+        with pytest.raises(ValueError, match="stacked cache"):
+            drafter_attention(q, stack, stack, m, kb, vb, scale=1.0, layer=layer)
+    with pytest.raises(ValueError, match="stacked cache"):
+        drafter_attention(q, ck, cv, m, kb, vb, scale=1.0, layer=0)    # not stacked
+    with pytest.raises(ValueError, match="ctx_v"):
+        drafter_attention(q, stack, stack[:1], m, kb, vb, scale=1.0, layer=0)
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         drafter_attention_pallas(q[..., :6], ck[..., :6], cv[..., :6], m, kb[..., :6], vb[..., :6],
                                  scale=1.0)

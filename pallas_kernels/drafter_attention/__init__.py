@@ -5,7 +5,8 @@ per query head, every slot attends to its stream's context (the drafter's contex
 < ctx_lengths[s] hold it) and to all b slots of the block. Grouped-query: query head h reads KV
 head h // (H / KV). Shapes: q [B, b, H, hd], ctx_k / ctx_v [B, KV, N, hd] (head-major cache),
 ctx_lengths [B] int (0..N), k_blk / v_blk [B, b, KV, hd] -> float32 [B, b, H, hd]; softmax in
-float32 with `scale`. Implementations: "xla" (einsums and one softmax), "pallas_triton" (programs
+float32 with `scale`. With `layer`, ctx_k / ctx_v are a stacked cache [L, B, KV, N, hd] and layer
+`layer` is read (in place: the kernel reads the stack, where an XLA slice would copy it). Implementations: "xla" (einsums and one softmax), "pallas_triton" (programs
 over stream, KV head and context split, walking only the visible tiles).
 """
 
@@ -20,13 +21,20 @@ from pallas_kernels.drafter_attention import pallas_triton, xla  # noqa: F401  (
 __all__ = ["drafter_attention"]
 
 
-def _validate(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk) -> None:
+def _validate(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, layer) -> None:
     if q.ndim != 4:
         raise ValueError(f"q must be [B, b, H, hd]; got shape {q.shape}")
+    k_shape = tuple(ctx_k.shape)
+    if layer is not None:
+        if len(k_shape) != 5 or isinstance(layer, bool) or not isinstance(layer, int) \
+                or not 0 <= layer < k_shape[0]:
+            raise ValueError(f"with layer={layer!r}, ctx_k must be a stacked cache [L, B, KV, N, hd] "
+                             f"with 0 <= layer < L; got shape {k_shape}")
+        k_shape = k_shape[1:]
     bsz, b, h, hd = q.shape
-    if ctx_k.ndim != 4 or ctx_k.shape[0] != bsz or ctx_k.shape[3] != hd:
+    if len(k_shape) != 4 or k_shape[0] != bsz or k_shape[3] != hd:
         raise ValueError(f"ctx_k must be [B={bsz}, KV, N, hd={hd}]; got shape {ctx_k.shape}")
-    kvh, n = ctx_k.shape[1], ctx_k.shape[2]
+    kvh = k_shape[1]
     if h % kvh:
         raise ValueError(f"q's {h} heads are not a multiple of ctx_k's {kvh} KV heads")
     if ctx_v.shape != ctx_k.shape:
@@ -40,8 +48,8 @@ def _validate(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk) -> None:
 
 
 def drafter_attention(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float,
-                      impl: str = "auto") -> jax.Array:
+                      layer: int | None = None, impl: str = "auto") -> jax.Array:
     """See the module docstring; `impl` picks the implementation ("auto": by backend)."""
-    _validate(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk)
+    _validate(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, layer)
     return registry.get("drafter_attention", impl)(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk,
-                                                   scale=scale)
+                                                   scale=scale, layer=layer)

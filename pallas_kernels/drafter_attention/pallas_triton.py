@@ -1,8 +1,8 @@
 """Pallas:Triton drafter block attention: programs over (stream, KV head, context split).
 
-The program's rows are the (group head, block slot) pairs that read its KV head (G x b, padded to
+The program's rows are the (block slot, group head) pairs that read its KV head (b x G, padded to
 a power of two >= 16, the smallest M of a Triton dot), so every context K/V tile it loads serves
-all of them. The visible context (slots < ctx_lengths[s], a prefix) is cut into `num_splits`
+all of them; in that order a single KV head's rows are q's own [b, H] layout (no transposed copy). The visible context (slots < ctx_lengths[s], a prefix) is cut into `num_splits`
 ranges of whole `block_n`-slot tiles, one per program (flash-decoding style), so a single stream
 still spreads over several SMs; a program walks only its range's visible tiles, the last split
 also the block's own b keys, with an online softmax in float32. One split writes the normalised
@@ -91,16 +91,18 @@ def _combine(acc, m, l):
     return (w[..., None] * acc).sum(axis=2) / (w * l).sum(axis=2)[..., None]
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_n", "num_splits", "num_warps",
-                                             "num_stages", "poison"))
+@functools.partial(jax.jit, static_argnames=("scale", "layer", "block_n", "num_splits",
+                                             "num_warps", "num_stages", "poison"))
 def drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float,
-                             block_n: int = 64, num_splits: int | None = None, num_warps: int = 4,
+                             layer: int | None = None, block_n: int = 64,
+                             num_splits: int | None = None, num_warps: int = 4,
                              num_stages: int = 1, poison: bool = False) -> jax.Array:
-    """q [B,b,H,hd], ctx_k/ctx_v [B,KV,N,hd], ctx_lengths [B] int, k_blk/v_blk [B,b,KV,hd]
-    -> float32 [B,b,H,hd]. hd and block_n must be powers of two; num_splits None: default_splits.
-    poison=True hands the kernel NaN-filled output buffers (aliased), so unwritten rows show."""
+    """q [B,b,H,hd], ctx_k/ctx_v [B,KV,N,hd] (or [L,B,KV,N,hd] and `layer`: read in place),
+    ctx_lengths [B] int, k_blk/v_blk [B,b,KV,hd] -> float32 [B,b,H,hd]. hd and block_n must be
+    powers of two; num_splits None: default_splits. poison=True hands the kernel NaN-filled output
+    buffers (aliased), so unwritten rows show."""
     bsz, b, h, hd = q.shape
-    kvh, num_slots = ctx_k.shape[1], ctx_k.shape[2]
+    kvh, num_slots = ctx_k.shape[-3], ctx_k.shape[-2]
     group = h // kvh
     if hd & (hd - 1) or block_n & (block_n - 1):
         raise ValueError(f"pallas_triton drafter_attention needs a power-of-two head_dim and "
@@ -110,15 +112,19 @@ def drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scal
     dt = ctx_k.dtype
     rows = group * b
     rows_pad, b_pad = _pow2_at_least(rows, 16), _pow2_at_least(b, 16)
-    # rows of program (s, kv, p): (g, t) -> query head kv * G + g at block slot t
-    q_rows = q.astype(dt).reshape(bsz, b, kvh, group, hd).transpose(0, 2, 3, 1, 4)
+    # rows of program (s, kv, p): (t, g) -> block slot t, query head kv * G + g (one KV head:
+    # q's own layout, so the transposes below are bitcasts)
+    q_rows = q.astype(dt).reshape(bsz, b, kvh, group, hd).transpose(0, 2, 1, 3, 4)
     q_rows = q_rows.reshape(bsz, kvh, rows, hd)
     kb, vb = (x.astype(dt).transpose(0, 2, 1, 3) for x in (k_blk, v_blk))     # [B, KV, b, hd]
     head = lambda s, k, p: (s, k, 0, 0)                                        # noqa: E731
+    if layer is None:
+        cache_spec = pl.BlockSpec((None, None, num_slots, hd), head)
+    else:   # the stacked cache, read at `layer` (slicing it first would copy it)
+        cache_spec = pl.BlockSpec((None, None, None, num_slots, hd), lambda s, k, p: (layer, s, k, 0, 0))
     in_specs = [pl.BlockSpec((None,), lambda s, k, p: (s,)),
                 pl.BlockSpec((None, None, rows, hd), head),
-                pl.BlockSpec((None, None, num_slots, hd), head),
-                pl.BlockSpec((None, None, num_slots, hd), head),
+                cache_spec, cache_spec,
                 pl.BlockSpec((None, None, b, hd), head),
                 pl.BlockSpec((None, None, b, hd), head)]
     if splits == 1:
@@ -148,7 +154,7 @@ def drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scal
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
     )(*args)
     out = outs[0] if splits == 1 else _combine(*outs)
-    return out.reshape(bsz, kvh, group, b, hd).transpose(0, 3, 1, 2, 4).reshape(bsz, b, h, hd)
+    return out.reshape(bsz, kvh, b, group, hd).transpose(0, 2, 1, 3, 4).reshape(bsz, b, h, hd)
 
 
 def _drop_aliased_inputs(kernel, n):
@@ -159,5 +165,7 @@ def _drop_aliased_inputs(kernel, n):
 
 
 @registry.register("drafter_attention", "pallas_triton")
-def _registered(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float) -> jax.Array:
-    return drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, scale=scale)
+def _registered(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float,
+                layer: int | None = None) -> jax.Array:
+    return drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, scale=scale,
+                                    layer=layer)

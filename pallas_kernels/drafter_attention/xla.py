@@ -11,10 +11,13 @@ from pallas_kernels import registry
 
 
 @registry.register("drafter_attention", "xla")
-def drafter_attention_xla(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float) -> jax.Array:
+def drafter_attention_xla(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float,
+                          layer: int | None = None) -> jax.Array:
     """See the package docstring. Products in ctx_k's dtype with float32 accumulation; softmax in
     float32. The context is head-major, so both context products are plain batched GEMMs over
     (B, KV) with no transposed copy of it."""
+    if layer is not None:
+        ctx_k, ctx_v = ctx_k[layer], ctx_v[layer]
     bsz, b, h, hd = q.shape
     kvh, dt = ctx_k.shape[1], ctx_k.dtype
     q = q.astype(dt).reshape(bsz, b, kvh, h // kvh, hd)           # query head h -> kv head h // G
