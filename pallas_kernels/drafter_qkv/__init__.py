@@ -17,7 +17,6 @@ halves, and writing q/k/v in the drafter attention's layout).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
