@@ -15,7 +15,9 @@ the state's layout from step to step. A decode runs either on the device (`_deco
 call, the device checks every few steps whether a stream has tokens left) or from the host
 (`decode`: the host reads how many tokens each stream has left, a few steps behind the device
 without making it wait, and stops dispatching once the steps in flight should finish every
-stream; for ar without stop tokens it dispatches the known steps and reads nothing).
+stream; for ar without stop tokens it dispatches the known steps and reads nothing). Either way
+the compiled call keeps its state in the same device buffers from decode to decode
+(`CompiledDecode.load`), so XLA's CUDA graphs are replayed, not recorded again.
 Stage times come from the same stage functions jitted one by one and timed on a snapshot of the
 final state.
 """
@@ -253,7 +255,7 @@ _step = jax.jit(_step_and_flag, static_argnames=("plan", "steps"), donate_argnam
 
 
 def _decode_on_device(tparams, dparams, state: EngineState, plan: Plan, steps: int, max_iters: int):
-    """A whole decode as one call -> (final state, left [S]): `steps`-step loops (as `_step`)
+    """A whole decode as one call -> the final state: `steps`-step loops (as `_step`)
     repeated while some stream has tokens left, at most `max_iters` times. The device checks the
     counts itself every `steps` steps, so there is one dispatch per decode and at most `steps` - 1
     steps run after the last stream is done; each check is a data-dependent loop condition, which
@@ -267,7 +269,7 @@ def _decode_on_device(tparams, dparams, state: EngineState, plan: Plan, steps: i
         return _step_and_flag(tparams, dparams, s, plan, steps)[0], i + 1
 
     state, _ = jax.lax.while_loop(more, body, (state, jnp.zeros((), jnp.int32)))
-    return state, tokens_left(state)
+    return state
 
 
 _decode_all = jax.jit(_decode_on_device, static_argnames=("plan", "steps", "max_iters"),
@@ -397,7 +399,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
     steps_per_call: engine steps per dispatch of the compiled step (see `decode`), or between the
     device loop's checks for streams with tokens left. timing_reps:
-    decode this many times from copies of the prefilled state; tokens/s uses the median time
+    decode this many times, each from the prefilled state loaded into the compiled call's buffers
+    (`CompiledDecode.load`, before the timer starts); tokens/s uses the median time
     (every decode is the same computation and yields the same tokens). decode_loop: see
     `decode_loop_for`; every loop yields the same tokens.
     """
@@ -427,9 +430,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     if warmup:   # one-time costs of the executable's first run stay out of decode_s
         jax.block_until_ready(step(tparams, dparams, copy(state)))
     prefilled, times = state, []
-    for rep in range(timing_reps):
-        state = prefilled if rep == timing_reps - 1 else copy(prefilled)
-        jax.block_until_ready(state)
+    for _ in range(timing_reps):
+        state = jax.block_until_ready(step.load(prefilled))
         t0 = time.perf_counter()
         state = run_decode(step, tparams, dparams, state, su, steps_per_call, loop)
         state.out_len.block_until_ready()
@@ -502,15 +504,56 @@ DEVICE_LOOP_GRAPHS = {
 }
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _place(buffers: EngineState, state: EngineState) -> EngineState:
+    """`state` copied into `buffers` (donated): the result lives at `buffers`' addresses."""
+    return jax.tree_util.tree_map(lambda b, x: b.at[...].set(x), buffers, state)
+
+
+class CompiledDecode:
+    """The compiled call one decode dispatches (`compile_decode`), with device buffers that stay
+    the same from decode to decode.
+
+    XLA records CUDA graphs against buffer addresses and records them again when an argument
+    lives somewhere new: on an H200 that took 0.3-1.1 ms of host time at the start of each
+    decode of the shipped pair's device loop, with the device idle, against ~7 ms of kernels
+    (BENCHMARKS.md, issue 7, session 17). `load(state)` copies a prefilled state into the
+    buffers the last call returned (one small donated copy, `_place`), the step a prefill's
+    output takes on its way to the decode, so a call on the loaded state runs the graphs as
+    recorded. The state a call returns stays valid until the next `load`, which reuses it.
+    """
+
+    def __init__(self, executable):
+        self.executable = executable
+        self._buffers = None   # the state the last call returned
+
+    def load(self, state: EngineState) -> EngineState:
+        """`state` (not consumed) in this call's buffers, for the next call to run on; a plain
+        copy before the first call, or where the buffers' layout differs from the state's (under
+        a mesh the step may return the drafter cache sharded otherwise than the prefill)."""
+        last = self._buffers
+        pairs = zip(jax.tree_util.tree_leaves(last), jax.tree_util.tree_leaves(state))
+        if last is None or any(b.is_deleted() or b.sharding != x.sharding for b, x in pairs):
+            return jax.tree_util.tree_map(jnp.copy, state)
+        return _place(last, state)
+
+    def __call__(self, tparams, dparams, state: EngineState):
+        out = self.executable(tparams, dparams, state)
+        self._buffers = out[0] if isinstance(out, tuple) else out
+        return out
+
+
 def compile_decode(tparams, dparams, state: EngineState, su: Setup, steps_per_call: int,
-                   loop: str, device_graphs: bool = True):
-    """The compiled call that one decode of `loop` ("host" or "device") dispatches; the device
-    loop with `DEVICE_LOOP_GRAPHS` unless device_graphs=False (XLA's defaults)."""
+                   loop: str, device_graphs: bool = True) -> CompiledDecode:
+    """The compiled call that one decode of `loop` dispatches: "device", state -> final state;
+    "host", state -> (state, left) per `steps_per_call` steps. The device loop is compiled with
+    `DEVICE_LOOP_GRAPHS` unless device_graphs=False (XLA's defaults)."""
     if loop == "device":
         lowered = _decode_all.lower(tparams, dparams, state, su.plan, steps_per_call,
                                     -(-su.max_steps // steps_per_call))
-        return lowered.compile(compiler_options=DEVICE_LOOP_GRAPHS if device_graphs else None)
-    return _step.lower(tparams, dparams, state, su.plan, steps_per_call).compile()
+        return CompiledDecode(lowered.compile(
+            compiler_options=DEVICE_LOOP_GRAPHS if device_graphs else None))
+    return CompiledDecode(_step.lower(tparams, dparams, state, su.plan, steps_per_call).compile())
 
 
 def run_decode(call, tparams, dparams, state: EngineState, su: Setup, steps_per_call: int,
@@ -520,7 +563,7 @@ def run_decode(call, tparams, dparams, state: EngineState, su: Setup, steps_per_
     ar without stop tokens, the exact steps, so it reads no device array at all. pace: None paces
     only with several steps per call (see `decode`)."""
     if loop == "device":
-        return call(tparams, dparams, state)[0]
+        return call(tparams, dparams, state)
     left0 = initial_left(su)
     return decode(call, tparams, dparams, state, -(-su.max_steps // steps_per_call),
                   max_lag=max(1, 3 // steps_per_call), steps_per_call=steps_per_call,

@@ -8,7 +8,8 @@
       --max_new_tokens=16 --reps=2 --loops=paced,device                                 # CPU
 
 Per point (method:budget:streams:steps_per_call) on the shipped pair and the held-out prompts, as
-`engine.generate` decodes them (prefill once, the compiled step, a warm-up call): `--reps` decodes
+`engine.generate` decodes them (prefill once, the compiled step, a warm-up call, each decode's
+prefilled state loaded into the call's buffers before its timer starts): `--reps` decodes
 with each of `--loops`, interleaved so all see the same machine state: "paced" is the engine's host
 loop (engine.decode as generate runs it with decode_loop="host": for ar without stop tokens,
 exactly the known calls and no reads), "unpaced" the same without pacing (dispatching `max_lag`
@@ -107,20 +108,21 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
         for b, pre in enumerate(prefilled):
             for loop in FLAGS.loops:
                 dispatch = []
-                wall, state = decode(loop, jax.block_until_ready(copy(pre)))
+                wall, state = decode(loop, jax.block_until_ready(steps[loop].load(pre)))
                 walls[loop][b].append(wall)
                 dispatches[loop] += dispatch
-                finals[(loop, b)] = state
+                # read now: the loop's next decode reuses this state's buffers (engine.CompiledDecode)
+                finals[(loop, b)] = {f: np.array(getattr(state, f))
+                                     for f in ("out_len", "out_tokens", "accept", "step")}
     first = FLAGS.loops[0]
     for loop in FLAGS.loops[1:]:   # every loop must emit the same tokens
         for b in range(len(batches)):
             for field in ("out_len", "out_tokens", "accept"):
-                if not np.array_equal(np.asarray(getattr(finals[(loop, b)], field)),
-                                      np.asarray(getattr(finals[(first, b)], field))):
+                if not np.array_equal(finals[(loop, b)][field], finals[(first, b)][field]):
                     raise AssertionError(f"{loop} loop's {field} differs from the {first} "
                                          f"loop's in batch {b}")
-    out_len = [np.asarray(finals[(first, b)].out_len) for b in range(len(batches))]
-    accept = [np.asarray(finals[(first, b)].accept) for b in range(len(batches))]
+    out_len = [finals[(first, b)]["out_len"] for b in range(len(batches))]
+    accept = [finals[(first, b)]["accept"] for b in range(len(batches))]
     tokens = int(sum(o.sum() - streams for o in out_len))
     flat = np.concatenate([a[a > 0] for a in accept])
     rec = dict(method=method, budget=budget if method == "ddtree" else None, streams=streams,
@@ -129,8 +131,8 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
                tau=float(flat.mean()))
     for name in FLAGS.loops:
         wall = float(sum(np.median(w) for w in walls[name]))   # the batches' medians, summed
-        device_steps = sum(int(finals[(name, b)].step) for b in range(len(batches)))
-        fresh = jax.block_until_ready(copy(prefilled[0]))
+        device_steps = sum(int(finals[(name, b)]["step"]) for b in range(len(batches)))
+        fresh = jax.block_until_ready(steps[name].load(prefilled[0]))
         with tempfile.TemporaryDirectory() as d:
             with jax.profiler.trace(d):
                 traced_wall, state = decode(name, fresh)

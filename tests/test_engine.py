@@ -128,6 +128,32 @@ def test_device_loop_graph_options_change_nothing_but_the_executable(pair32, pro
     assert [out_tokens[i, :out_len[i]].tolist() for i in range(4)] == ar.tokens[:4]
 
 
+@pytest.mark.parametrize("loop", ["device", "host"])
+def test_compiled_decode_keeps_its_buffers(pair32, prompts, greedy_ar, loop):
+    """Decodes of two prefilled batches through one CompiledDecode, each `load`ed first: the final
+    states sit at the same device addresses, the prefilled states stay intact, the first final
+    state is reused by the second load, and both decodes emit greedy ar's tokens."""
+    target, drafter = pair32
+    _, stop, ar = greedy_ar
+    batches = [slice(0, 3), slice(3, 6)]
+    sus = [engine.setup(target, drafter, prompts[b], method="ddtree", budget=6,
+                        max_new_tokens=8, stop_tokens=(stop,), max_len=64) for b in batches]
+    states = [engine.prefill(target, drafter, su) for su in sus]
+    call = engine.compile_decode(target[1], drafter[1], states[0], sus[0], 2, loop)
+    finals, pointers = [], []
+    for b, su, state in zip(batches, sus, states):
+        s = engine.run_decode(call, target[1], drafter[1], call.load(state), su, 2, loop)
+        pointers.append([x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(s)])
+        finals.append(s)
+        # copies: on the CPU np.asarray would share the buffers and keep them from being reused
+        out_tokens, out_len = np.array(s.out_tokens), np.array(s.out_len)
+        want = [t[:8] for t in ar.tokens[b]]   # every ar budget here is >= 8
+        assert [out_tokens[i, :out_len[i]].tolist() for i in range(3)] == want
+    assert pointers[0] == pointers[1]
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(finals[0]))
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(states))
+
+
 def test_drafter_kernel_keeps_generation_lossless(pair32, prompts, greedy_ar):
     """The drafter's attention through the Pallas kernel (interpret mode here): still greedy ar's
     tokens; a bad implementation name is an error that names the argument."""
