@@ -278,9 +278,8 @@ _decode_all = jax.jit(_decode_on_device, static_argnames=("plan", "steps", "max_
 
 # ---- prefill -----------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=("plan", "max_len", "max_out", "max_steps"))
-def _prefill(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, max_len: int, max_out: int,
-             max_steps: int) -> EngineState:
+def _prefill_state(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, max_len: int,
+                   max_out: int, max_steps: int) -> EngineState:
     """Run the prompts (padded [S, P], true lengths [S]) and choose each stream's first token."""
     s, p = tokens.shape
     dtype = jax.tree_util.tree_leaves(tparams["embed_tokens"])[0].dtype
@@ -306,6 +305,20 @@ def _prefill(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, max_le
         tcache=out.cache, dcache=dcache, pending=first, out_tokens=out_tokens,
         out_len=jnp.ones((s,), jnp.int32), accept=jnp.zeros((s, max_steps), jnp.int32), done=done,
         max_new=max_new, step=jnp.zeros((), jnp.int32), key=key))
+
+
+_PREFILL_STATIC = ("plan", "max_len", "max_out", "max_steps")
+_prefill = jax.jit(_prefill_state, static_argnames=_PREFILL_STATIC)
+
+
+@functools.partial(jax.jit, static_argnames=_PREFILL_STATIC, donate_argnames=("buffers",),
+                   keep_unused=True)
+def _prefill_into(buffers: EngineState, tparams, dparams, tokens, lengths, max_new, key, plan: Plan,
+                  max_len: int, max_out: int, max_steps: int) -> EngineState:
+    """`_prefill` with its state written into `buffers` (donated, same shapes and layout)."""
+    del buffers   # only donated: XLA writes the outputs into them
+    return _prefill_state(tparams, dparams, tokens, lengths, max_new, key, plan, max_len, max_out,
+                          max_steps)
 
 
 # ---- the public entry point --------------------------------------------------------------------
@@ -368,12 +381,19 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
                  max_out=int(max_new.max()) + plan.max_depth + 1, max_steps=int(max_new.max()))
 
 
-def prefill(target, drafter, su: Setup, seed: int = 0) -> EngineState:
-    """The prompts through the target (and the drafter's context); each stream's first token."""
+def prefill(target, drafter, su: Setup, seed: int = 0,
+            into: CompiledDecode | None = None) -> EngineState:
+    """The prompts through the target (and the drafter's context); each stream's first token.
+    into: a CompiledDecode for this setup that has run: the state is written into the buffers its
+    last call returned (which are consumed), so its next call runs as recorded with no `load`."""
     dparams = drafter[1] if su.plan.dcfg is not None else None
-    return _prefill(target[1], dparams, jnp.asarray(su.prompts), jnp.asarray(su.lengths),
-                    jnp.asarray(su.max_new), jax.random.key(seed), su.plan, su.max_len, su.max_out,
-                    su.max_steps)
+    args = (target[1], dparams, jnp.asarray(su.prompts), jnp.asarray(su.lengths),
+            jnp.asarray(su.max_new), jax.random.key(seed), su.plan, su.max_len, su.max_out,
+            su.max_steps)
+    buffers = into.buffers() if into is not None else None
+    if buffers is None:
+        return _prefill(*args)
+    return _prefill_into(buffers, *args)
 
 
 def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str = "ddtree",
@@ -517,25 +537,33 @@ class CompiledDecode:
     XLA records CUDA graphs against buffer addresses and records them again when an argument
     lives somewhere new: on an H200 that took 0.3-1.1 ms of host time at the start of each
     decode of the shipped pair's device loop, with the device idle, against ~7 ms of kernels
-    (BENCHMARKS.md, issue 7, session 17). `load(state)` copies a prefilled state into the
-    buffers the last call returned (one small donated copy, `_place`), the step a prefill's
-    output takes on its way to the decode, so a call on the loaded state runs the graphs as
-    recorded. The state a call returns stays valid until the next `load`, which reuses it.
+    (BENCHMARKS.md, issue 7, session 17). So the next decode's state goes into the buffers the
+    last call returned: `prefill(..., into=call)` writes it there, or `load(state)` copies a
+    prefilled state there (one small donated copy, `_place`; for decoding one prefilled state
+    several times), and the call runs the graphs as recorded. The state a call returns stays
+    valid until the next `load` or `prefill(..., into=)`, which reuse its buffers.
     """
 
     def __init__(self, executable):
         self.executable = executable
         self._buffers = None   # the state the last call returned
 
-    def load(self, state: EngineState) -> EngineState:
-        """`state` (not consumed) in this call's buffers, for the next call to run on; a plain
-        copy before the first call, or where the buffers' layout differs from the state's (under
+    def buffers(self, like: EngineState | None = None) -> EngineState | None:
+        """The state the last call returned, if it is still alive (and laid out as `like`: under
         a mesh the step may return the drafter cache sharded otherwise than the prefill)."""
         last = self._buffers
-        pairs = zip(jax.tree_util.tree_leaves(last), jax.tree_util.tree_leaves(state))
-        if last is None or any(b.is_deleted() or b.sharding != x.sharding for b, x in pairs):
-            return jax.tree_util.tree_map(jnp.copy, state)
-        return _place(last, state)
+        if last is None or any(b.is_deleted() for b in jax.tree_util.tree_leaves(last)):
+            return None
+        if like is not None and any(b.sharding != x.sharding for b, x in zip(
+                jax.tree_util.tree_leaves(last), jax.tree_util.tree_leaves(like))):
+            return None
+        return last
+
+    def load(self, state: EngineState) -> EngineState:
+        """`state` (not consumed) in this call's buffers, for the next call to run on; a plain
+        copy where there are none (before the first call, or laid out otherwise)."""
+        last = self.buffers(like=state)
+        return jax.tree_util.tree_map(jnp.copy, state) if last is None else _place(last, state)
 
     def __call__(self, tparams, dparams, state: EngineState):
         out = self.executable(tparams, dparams, state)

@@ -9,7 +9,8 @@
 
 Per point (method:budget:streams:steps_per_call) on the shipped pair and the held-out prompts, as
 `engine.generate` decodes them (prefill once, the compiled step, a warm-up call, each decode's
-prefilled state loaded into the call's buffers before its timer starts): `--reps` decodes
+prefilled state loaded into the call's buffers before its timer starts, or with
+--handoff=prefill the prefill run again into them): `--reps` decodes
 with each of `--loops`, interleaved so all see the same machine state: "paced" is the engine's host
 loop (engine.decode as generate runs it with decode_loop="host": for ar without stop tokens,
 exactly the known calls and no reads), "unpaced" the same without pacing (dispatching `max_lag`
@@ -108,7 +109,11 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
         for b, pre in enumerate(prefilled):
             for loop in FLAGS.loops:
                 dispatch = []
-                wall, state = decode(loop, jax.block_until_ready(steps[loop].load(pre)))
+                if FLAGS.handoff == "prefill":   # the prefill writes into the call's buffers
+                    start = engine.prefill(target, drafter, sus[b], into=steps[loop])
+                else:
+                    start = steps[loop].load(pre)
+                wall, state = decode(loop, jax.block_until_ready(start))
                 walls[loop][b].append(wall)
                 dispatches[loop] += dispatch
                 # read now: the loop's next decode reuses this state's buffers (engine.CompiledDecode)
@@ -167,6 +172,7 @@ def main(argv):
         with open(FLAGS.out, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                            date=time.strftime("%Y-%m-%d"), drafter_attn_impl=FLAGS.drafter_attn_impl,
+                           handoff=FLAGS.handoff,
                            points=recs), f, indent=1)
     cols = ["wall_ms", "tokens_per_second", "device_steps", "dispatch_ms", "busy_ms", "span_ms",
             "gaps", "gap_ms", "host_ms"]
@@ -194,6 +200,10 @@ def _define_flags() -> None:
                       "(engine._decode_on_device)")
     flags.DEFINE_string("drafter_attn_impl", "auto", "the drafter's attention implementation "
                         "(pallas_kernels registry: auto = by backend, xla, pallas_triton)")
+    flags.DEFINE_enum("handoff", "load", ["load", "prefill"], "how each timed decode's state "
+                      "reaches the compiled call's buffers before the timer starts: a copy of the "
+                      "batch's prefilled state (CompiledDecode.load), or the prefill run again, "
+                      "writing into them (engine.prefill(..., into=))")
     flags.DEFINE_string("out", "", "write all points as JSON here")
 
 

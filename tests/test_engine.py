@@ -130,9 +130,10 @@ def test_device_loop_graph_options_change_nothing_but_the_executable(pair32, pro
 
 @pytest.mark.parametrize("loop", ["device", "host"])
 def test_compiled_decode_keeps_its_buffers(pair32, prompts, greedy_ar, loop):
-    """Decodes of two prefilled batches through one CompiledDecode, each `load`ed first: the final
-    states sit at the same device addresses, the prefilled states stay intact, the first final
-    state is reused by the second load, and both decodes emit greedy ar's tokens."""
+    """Decodes of two prefilled batches through one CompiledDecode, each `load`ed first, then one
+    from a prefill written into its buffers: every final state sits at the same device addresses,
+    the loaded states stay intact, the first final state is reused by the second load, and every
+    decode emits greedy ar's tokens."""
     target, drafter = pair32
     _, stop, ar = greedy_ar
     batches = [slice(0, 3), slice(3, 6)]
@@ -152,6 +153,12 @@ def test_compiled_decode_keeps_its_buffers(pair32, prompts, greedy_ar, loop):
     assert pointers[0] == pointers[1]
     assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(finals[0]))
     assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(states))
+    # a prefill written straight into the call's buffers: no load, the same addresses and tokens
+    state = engine.prefill(target, drafter, sus[0], into=call)
+    assert [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(state)] == pointers[0]
+    s = engine.run_decode(call, target[1], drafter[1], state, sus[0], 2, loop)
+    out_tokens, out_len = np.array(s.out_tokens), np.array(s.out_len)
+    assert [out_tokens[i, :out_len[i]].tolist() for i in range(3)] == [t[:8] for t in ar.tokens[:3]]
 
 
 def test_drafter_kernel_keeps_generation_lossless(pair32, prompts, greedy_ar):
