@@ -237,8 +237,9 @@ def test_pallas_kernels_write_every_used_row():
 # tolerances. scale_weights rounds each scaled bf16 weight once more (relative <= 2^-8 per weight,
 # about 2e-3 on the output, inside TOL[bf16]); it is exact for float32 activations.
 VARIANTS = {"scale_weights": dict(scale_weights=True), "swap_ab": dict(swap_ab=True),
-            "split_k": dict(split_k=3), "all": dict(scale_weights=True, swap_ab=True, split_k=2),
-            "down_tuning": dict(down_warps=8, down_stages=2)}
+            "split_k": dict(split_k=3),
+            "all": dict(scale_weights=True, swap_ab=True, split_k=2, cols_first=True),
+            "down_tuning": dict(down_warps=8, down_stages=2), "cols_first": dict(cols_first=True)}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -107,12 +107,22 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
     return tuple(acc.T for acc in accs) if swap else accs
 
 
+def _block_and_tile(cfg):
+    """(row block b, column tile n) of this program: grid (b, n), or (n, b) with cfg.cols_first."""
+    first, second = pl.program_id(0), pl.program_id(1)
+    return (second, first) if cfg.cols_first else (first, second)
+
+
+def _grid(blocks: int, tiles: int, cfg) -> tuple[int, int]:
+    return (tiles, blocks) if cfg.cols_first else (blocks, tiles)
+
+
 def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, int4_weights, route,
                     cfg, aliased):
     n_out = 2 if cfg.split_k > 1 else 1                      # split: gate and up partial sums
     w_refs = refs[:len(refs) - n_out * (2 if aliased else 1)]  # an aliased input is never read
     out_refs = refs[len(refs) - n_out:]
-    b, n = pl.program_id(0), pl.program_id(1)
+    b, n = _block_and_tile(cfg)
     split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
@@ -144,7 +154,7 @@ def _silu_mul(g, u):
 def _down_kernel(row_token_ref, row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k,
                  int4_weights, route, cfg, aliased):
     w_refs, y_ref = refs[:-2 if aliased else -1], refs[-1]
-    b, n = pl.program_id(0), pl.program_id(1)
+    b, n = _block_and_tile(cfg)
     split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
@@ -199,7 +209,7 @@ def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None):
                                route=_route(cfg, x.dtype), cfg=cfg)
     args = [row_token, block_expert, x, *_weights(experts, "gate", dm.int4),
             *_weights(experts, "up", dm.int4)]
-    grid = (block_expert.shape[0], dm.intermediate // bn)
+    grid = _grid(block_expert.shape[0], dm.intermediate // bn, cfg)
     rows = row_token.shape[0]
     if cfg.split_k == 1:
         shape = jax.ShapeDtypeStruct((rows, dm.intermediate), x.dtype)
@@ -221,7 +231,7 @@ def down(h, row_token, row_weight, block_expert, experts, dm: Dims, cfg, out=Non
     args = [row_token, row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
     split = (cfg.split_k,) if cfg.split_k > 1 else ()
     shape = jax.ShapeDtypeStruct((*split, h.shape[0], dm.hidden), jnp.float32)
-    y = _call(kernel, (block_expert.shape[0], dm.hidden // bn), shape, args, cfg, out,
+    y = _call(kernel, _grid(block_expert.shape[0], dm.hidden // bn, cfg), shape, args, cfg, out,
               cfg.down_warps, cfg.down_stages)
     return y.sum(0) if split else y
 

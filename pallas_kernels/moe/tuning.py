@@ -10,6 +10,10 @@ slower), split_k (K split over this many programs, float32 partial sums reduced 
 slower at T = 1).
 down_warps / down_stages: the down kernel's own warps and pipeline stages (0: num_warps /
 num_stages); its K (= I = 2048) is 8 K blocks, a shorter loop than gate_up's 28.
+cols_first: launch order of the Pallas kernels' programs, column tiles before row blocks, so
+programs running together read adjacent column tiles of one expert's weight rows (default: row
+blocks first, which at decode sizes means a different expert in each program). Measured equal
+to the default at T = 1..256 (H200, session 17), so the table leaves it off.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class MoEConfig(NamedTuple):
     split_k: int = 1
     down_warps: int = 0
     down_stages: int = 0
+    cols_first: bool = False
 
 
 # (max_tokens, config); the last entry covers every larger T. From the H200 sweep of 2026-11-30
