@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.mla_attention import pallas_triton, two_pass, visibility_to_mask, xla
+from pallas_kernels.mla_attention import mosaic_gpu, pallas_triton, two_pass, visibility_to_mask, xla
 from pallas_kernels.mla_attention.reference import mla_attention_reference
 
 FLAGS = flags.FLAGS
@@ -45,7 +45,8 @@ flags.DEFINE_list("configs", ["auto"],
                   "'BMxBNxWARPSxSTAGES[sSPLITS]' (sN: N context splits, else by occupancy), or two-pass "
                   "'tpMxNxWxS-MxVxKxWxS' (scores GEMM, "
                   "P @ V GEMM); first = baseline")
-flags.DEFINE_list("impls", ["pallas_triton", "xla"], "implementations to time")
+flags.DEFINE_list("impls", ["pallas_triton", "xla"],
+                  "implementations to time: pallas_triton (with --configs), mosaic_gpu, xla")
 flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
@@ -112,7 +113,7 @@ def make_inputs(key, num_s, num_q, heads, dk, ctx, num_slots, sets):
     return out
 
 
-def golden_check(heads, dk, v_dim, configs) -> dict:
+def golden_check(heads, dk, v_dim, configs, impls=("pallas_triton", "xla")) -> dict:
     """Ragged small case at full head layout: each pallas config and xla vs the float64 golden."""
     num_s, num_q, ctx = 3, 37, [0, 1000, 2085]
     rng = np.random.default_rng(1)
@@ -122,6 +123,12 @@ def golden_check(heads, dk, v_dim, configs) -> dict:
     scale = dk ** -0.5
     ref = mla_attention_reference(q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim)
     errs = {"xla": _rel(xla.mla_attention_xla(q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim), ref)}
+    if "mosaic_gpu" in impls:
+        try:
+            errs["mosaic_gpu"] = _rel(mosaic_gpu.mla_attention_mosaic(q, kv, ctx_lens, mask, scale=scale,
+                                                                      v_dim=v_dim), ref)
+        except Exception as e:  # report and go on
+            errs["mosaic_gpu"] = f"{type(e).__name__}: {_short(e)}"
     for name, cfg in configs.items():
         for splits in ((1, 5) if isinstance(cfg, pallas_triton.BlockConfig) else (None,)):   # auto, two-pass: as is
             cfg_s = dataclasses.replace(cfg, num_splits=splits) if splits else cfg
@@ -219,6 +226,9 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                         fns[f"pallas {name}"] = jax.jit(
                             lambda *a, cfg=cfg: pallas_triton.mla_attention_pallas(
                                 *a, scale=scale, v_dim=v_dim, config=cfg))
+                if "mosaic_gpu" in impls:
+                    fns["mosaic_gpu"] = jax.jit(
+                        lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim))
                 ref = fns["xla"](*args[0]) if "xla" in fns else None
                 if any(name != "xla" for name in fns):
                     gold_idx, gold = golden_slice(args[0], scale, v_dim)
@@ -264,13 +274,13 @@ def _fmt(r: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one line per shape, best pallas config vs xla."""
-    out = ["| ctx | Q | S | GFLOP | MB | floor ms | pallas ms | % floor | xla ms | speedup | config |",
+    """Markdown: one line per shape, the best of the kernels (pallas configs, mosaic_gpu) vs xla."""
+    out = ["| ctx | Q | S | GFLOP | MB | floor ms | best ms | % floor | xla ms | speedup | kernel |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     shapes = sorted({(r["ctx"], r["q"], r["s"]) for r in rows})
     for shape in shapes:
         rs = [r for r in rows if (r["ctx"], r["q"], r["s"]) == shape and "ms" in r]
-        pal = [r for r in rs if r["impl"].startswith("pallas")]
+        pal = [r for r in rs if r["impl"] != "xla"]
         xla = [r for r in rs if r["impl"] == "xla"]
         if not pal:
             continue
@@ -278,7 +288,7 @@ def table(rows: list[dict]) -> str:
         x = f"{xla[0]['ms']:.3f} | {xla[0]['ms'] / best['ms']:.2f}x" if xla else "- | -"
         out.append(f"| {shape[0]} | {shape[1]} | {shape[2]} | {best['flops'] / 1e9:.1f} | "
                    f"{best['bytes'] / 1e6:.1f} | {best['floor_ms']:.3f} | {best['ms']:.3f} | "
-                   f"{best['pct_floor']:.1f} | {x} | {best['impl'][7:]} |")
+                   f"{best['pct_floor']:.1f} | {x} | {best['impl']} |")
     return "\n".join(out)
 
 
@@ -305,7 +315,7 @@ def main(_):
     configs = {c: None if c == "auto" else pallas_triton.parse_config(c) for c in FLAGS.configs}
     ceilings = measure_ceilings()
     print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
-    golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs)
+    golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs, tuple(FLAGS.impls))
     print("golden rel err", json.dumps(golden))
     rows = run_mla_bench([int(x) for x in FLAGS.ctx], [int(x) for x in FLAGS.q],
                          [int(x) for x in FLAGS.streams], heads=FLAGS.heads, dk=FLAGS.dk,

@@ -2,7 +2,8 @@
 
 Implementations: "xla" (pure JAX; the reference path, runs everywhere), "pallas_triton"
 (Pallas lowered through Triton; `interpret=True` off the GPU), "triton" (a raw Triton kernel
-through jax-triton; GPU only). `resolve(op, impl)` turns "auto" into the best implementation
+through jax-triton; GPU only), "mosaic_gpu" (Pallas lowered through Mosaic GPU; Hopper only, never
+picked by "auto"). `resolve(op, impl)` turns "auto" into the best implementation
 for the current backend; the model asks for an operation and never imports a kernel directly.
 """
 
@@ -13,7 +14,7 @@ from typing import Callable
 
 import jax
 
-IMPLS = ("xla", "pallas_triton", "triton")
+IMPLS = ("xla", "pallas_triton", "triton", "mosaic_gpu")
 _REGISTRY: dict[str, dict[str, Callable]] = {}
 # Preference order for impl="auto" on a GPU backend; the CPU always gets "xla".
 _GPU_PREFERENCE = ("pallas_triton", "triton", "xla")

@@ -9,13 +9,14 @@ the GPU, with NaN-poisoned (aliased) output buffers so unwritten rows fail.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, pallas_triton, two_pass,
+from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, mosaic_gpu, pallas_triton, two_pass,
                                           visibility_to_mask, xla)
 from pallas_kernels.mla_attention.reference import (mla_attention_reference,
                                                     visibility_from_mask_reference)
@@ -56,6 +57,15 @@ CASES = {
 }
 
 
+def refused(impl, q, dk, v_dim, call) -> bool:
+    """mosaic_gpu refuses shapes and dtypes its kernel cannot take: check that it says why."""
+    why = mosaic_gpu.supported(q.shape[1] * q.shape[2], dk, v_dim, q.dtype) if impl == "mosaic_gpu" else None
+    if why:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            call()
+    return why is not None
+
+
 @pytest.mark.parametrize("impl", runnable_impls("mla_attention"))
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_golden(impl, case):
@@ -63,7 +73,10 @@ def test_matches_golden(impl, case):
     q, kv, ctx_lens, node_mask, _ = make_case(hash(case) % 1000, num_s, num_q, num_h, dk, v_dim,
                                               n, ctx, kinds, dtype)
     scale = dk ** -0.5
-    out = mla_attention(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim, impl=impl)
+    call = lambda: mla_attention(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim, impl=impl)
+    if refused(impl, q, dk, v_dim, call):
+        return
+    out = call()
     assert out.shape == (num_s, num_q, num_h, v_dim) and out.dtype == dtype
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim)
     assert_close(out, ref, TOL[dtype], f"{impl}/{case}")
@@ -78,8 +91,11 @@ def test_heads_first_layout(impl, case):
     q, kv, ctx_lens, node_mask, _ = make_case(7 + hash(case) % 100, num_s, num_q, num_h, dk, v_dim,
                                               n, ctx, kinds, dtype)
     scale = dk ** -0.5
-    out = mla_attention(q.swapaxes(1, 2), kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
-                        impl=impl, heads_first=True)
+    call = lambda: mla_attention(q.swapaxes(1, 2), kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
+                                 impl=impl, heads_first=True)
+    if refused(impl, q, dk, v_dim, call):
+        return
+    out = call()
     assert out.shape == (num_s, num_h, num_q, v_dim) and out.dtype == dtype
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim)
     assert_close(out.swapaxes(1, 2), ref, TOL[dtype], f"{impl}/{case}/heads_first")
@@ -93,8 +109,11 @@ def test_rope_part_given_apart(impl, heads_first):
     num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype = CASES["two_words_bf16"]
     q, kv, ctx_lens, node_mask, _ = make_case(5, num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype)
     lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
-    out = mla_attention(lay(q[..., :v_dim]), kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim, impl=impl,
-                        heads_first=heads_first, q_rope=lay(q[..., v_dim:]))
+    call = lambda: mla_attention(lay(q[..., :v_dim]), kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim,
+                                 impl=impl, heads_first=heads_first, q_rope=lay(q[..., v_dim:]))
+    if refused(impl, q, dk, v_dim, call):
+        return
+    out = call()
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim)
     assert_close(lay(out), ref, TOL[dtype], f"{impl}/q_rope/heads_first={heads_first}")
     whole = mla_attention(lay(q), kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim, impl=impl,
@@ -364,3 +383,88 @@ def test_gpu_k2_shapes(case):
         out = pallas_triton.mla_attention_pallas(lay(q), kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
                                                  config=config, poison=True, heads_first=heads_first)
         assert_close(lay(out), ref, TOL[jnp.bfloat16], f"seed {seed} heads_first={heads_first}")
+
+
+MOSAIC_CASES = [  # (seed, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): around the 128-key pairs
+    (21, 3, 5, 4, 64, 32, 300, [0, 127, 128], False, False),
+    (22, 2, 37, 3, 64, 32, 429, [256, 389], True, False),      # two mask words, N % 8 != 0
+    (23, 4, 1, 8, 64, 32, 260, [255, 129, 0, 1], False, True),
+    (24, 1, 9, 2, 128, 64, 700, [640], True, True),
+]
+
+
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"seed{c[0]}")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_mosaic_parts_around_the_kernel(case, dtype):
+    """mosaic_gpu's split (whole 128-key pairs to the kernel, the rest of the context and the tree
+    in XLA, merged by log-sum-exp), with the kernel replaced by its XLA twin: equals the golden."""
+    seed, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
+    q, kv, ctx_lens, node_mask, _ = make_case(seed, num_s, num_q, num_h, dk, v_dim, n, ctx,
+                                              ["bushy", "chain", "star"], dtype)
+    lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
+    kw = dict(q_rope=lay(q[..., v_dim:])) if apart else {}
+    qq = lay(q[..., :v_dim]) if apart else lay(q)
+    out = mosaic_gpu.mla_attention_mosaic(qq, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim,
+                                          heads_first=heads_first, context=mosaic_gpu.context_attention_xla, **kw)
+    assert out.dtype == dtype
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim)
+    assert_close(lay(out), ref, TOL[dtype], f"mosaic parts seed {seed}")
+
+
+def test_mosaic_supported_says_why():
+    assert mosaic_gpu.supported(64, 576, 512, jnp.bfloat16) is None
+    assert "dtype" in mosaic_gpu.supported(64, 576, 512, jnp.float32)
+    assert "v_dim % 128" in mosaic_gpu.supported(64, 576, 500, jnp.bfloat16)
+    assert "too wide" in mosaic_gpu.supported(64, 640, 512, jnp.bfloat16)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the refusal off the GPU")
+def test_mosaic_refuses_without_gpu():
+    q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 64, 576, 512, 140, [130], ["chain"], jnp.bfloat16)
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        mla_attention(q, kv, ctx_lens, node_mask, scale=0.1, v_dim=512, impl="mosaic_gpu")
+
+
+MOSAIC_GPU_CASES = [  # (seed, S, Q, H, N, ctx): K2 widths, bf16
+    (31, 2, 37, 64, 3000, [2000, 0]),            # 37 row blocks: no cluster; a stream with no pairs
+    (32, 3, 16, 64, 8300, [8192, 130, 127]),     # clusters of two; N % 8 != 0 (padded copy)
+    (33, 1, 4, 64, 9010, [8999]),
+    (34, 2, 70, 4, 1500, [0, 1400]),             # 280 rows, padded to 320
+]
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.parametrize("case", MOSAIC_GPU_CASES, ids=lambda c: f"seed{c[0]}")
+def test_gpu_mosaic_k2_shapes(case):
+    """The compiled Mosaic GPU kernel at K2 widths and real contexts, both layouts and the rope part
+    apart, against the float64 golden."""
+    seed, num_s, num_q, num_h, n, ctx = case
+    q, kv, ctx_lens, node_mask, _ = make_case(seed, num_s, num_q, num_h, 576, 512, n, ctx, ["bushy", "chain"],
+                                              jnp.bfloat16)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
+    for heads_first, apart in ((False, False), (True, False), (False, True)):
+        lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
+        kw = dict(q_rope=lay(q[..., 512:])) if apart else {}
+        out = mla_attention(lay(q[..., :512]) if apart else lay(q), kv, ctx_lens, node_mask, scale=576 ** -0.5,
+                            v_dim=512, impl="mosaic_gpu", heads_first=heads_first, **kw)
+        assert_close(lay(out), ref, TOL[jnp.bfloat16], f"seed {seed} heads_first={heads_first} apart={apart}")
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.parametrize("rows,cluster", [(128, 2), (192, 1)])
+def test_gpu_mosaic_context_kernel(rows, cluster):
+    """The kernel alone against its XLA twin: O and lse for 0, 1, 7 and 64 pairs, every element
+    (NaN-filled inputs run first, so buffers it fails to write would hold stale NaN)."""
+    pairs = jnp.asarray([0, 1, 7, 64], jnp.int32)
+    rng = np.random.default_rng(rows)
+    q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
+    kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
+    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, scale=0.04, v_dim=512, cluster=cluster))
+    jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
+    o, lse = run(q, kv)
+    o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,
+                                                      scale=0.04, v_dim=512)
+    assert_close(o, o_ref, TOL[jnp.bfloat16], "context O")
+    np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
+    seen = np.isfinite(np.asarray(lse_ref))
+    np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)

@@ -5,7 +5,8 @@ Absorbed MLA is multi-query attention: H query heads share one latent KV head of
 cache slots j < ctx_lens[s] and to the Q new tokens (slots ctx_lens[s] + t) its ancestor bitmask
 allows. Implementations: "xla" (chunked pure JAX), "pallas_triton" (a one-pass flash-decoding
 kernel, pallas_triton.py, or for K2-size verify shapes a scores GEMM and a P @ V GEMM, two_pass.py;
-pallas_triton.select_config picks).
+pallas_triton.select_config picks), "mosaic_gpu" (opt-in, Hopper: a warp-specialised Mosaic GPU
+kernel over whole 128-key context pairs plus the rest in XLA, mosaic_gpu.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import registry
-from pallas_kernels.mla_attention import pallas_triton, xla  # noqa: F401  (registers impls)
+from pallas_kernels.mla_attention import mosaic_gpu, pallas_triton, xla  # noqa: F401  (registers impls)
 
 __all__ = ["mla_attention", "visibility_to_mask", "mask_to_visibility", "mask_words"]
 

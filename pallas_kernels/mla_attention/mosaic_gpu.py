@@ -1,0 +1,326 @@
+"""MLA tree-verify attention with a warp-specialised Pallas Mosaic GPU kernel (Hopper only).
+
+The kernel (`context_attention`) covers each stream's whole 128-key context pairs; the rest of
+the keys (the partial last pair and the Q tree tokens under the ancestor bitmask, at most
+127 + Q per stream) are attended in XLA (`_tail`), and the two softmax parts are merged by their
+log-sum-exp. Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at
+Kimi-K2 width) and walks the context in 64-key tiles; the latent tile serves as K (all Dk
+channels) and as V (its first v_dim). Three warpgroups:
+- a producer streams the key tiles by TMA into a two-slot ring (Q plus two 576-wide tiles fill
+  shared memory);
+- two consumers each own half of the [64, v_dim] float32 output accumulator (64 x 256 at K2) and
+  score the tiles in turn (consumer 0 the even tiles, consumer 1 the odd): while one runs its
+  softmax, the other's matrix products keep the tensor cores busy. The consumer that scored a
+  tile writes its probabilities P (bf16) and new row max to shared memory; the other rescales
+  its half to that max and multiplies the same P by its half of V.
+CTAs of consecutive row blocks of one stream run as a cluster whose key slots refill only when
+every CTA has consumed them, so they read each key tile from L2 at about the same time.
+(Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
+
+Status (H200, 2026-12-01; BENCHMARKS.md, issue 5): opt-in as impl="mosaic_gpu", never picked by
+"auto". With a static trip count the kernel alone reached 491 TFLOP/s (62% of the floor) at ctx
+8k, Q 256, S 16, against 419 for the two-pass Pallas:Triton path; the shipped form, whose trip
+count comes from ctx_lens at run time, runs 1.5x slower than that and is slower than two-pass.
+Off the GPU the registered function refuses (Mosaic GPU's CPU interpreter does not run this
+kernel); `context_attention_xla` stands in for the kernel in the CPU tests of the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels import registry
+
+BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
+BLOCK_K = 64        # keys per tile
+PAIR = 2 * BLOCK_K  # keys per step of the two consumers; the kernel covers ctx // PAIR pairs
+_SMEM = 232448      # bytes of shared memory a Hopper CTA may use
+
+
+def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
+    """Why the kernel cannot take these shapes, or None when it can."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"dtype must be bfloat16 or float16; got {jnp.dtype(dtype)}"
+    if dk % 64 or v_dim % 128 or v_dim > dk:
+        return f"needs Dk % 64 == 0 and v_dim % 128 == 0, v_dim <= Dk; got Dk={dk}, v_dim={v_dim}"
+    if 3 * BLOCK_Q * dk * 2 + BLOCK_Q * BLOCK_K * 2 + 3 * BLOCK_Q * 4 + 1024 > _SMEM:
+        return f"Dk={dk} is too wide: Q and two key tiles of {BLOCK_K} keys exceed shared memory"
+    return None
+
+
+def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1):
+    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs [S] int32 ->
+    (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of every row of stream s over
+    keys 0 .. 128 * pairs[s], O normalised by the row sum, lse2 = log2 of the sum of
+    exp2(scale * log2(e) * q.k) (-inf and O = 0 where pairs[s] = 0). R a multiple of
+    64 * cluster; 128 * pairs[s] <= N."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plmg
+
+    num_s, rows, dk = q.shape
+    half = v_dim // 2
+    if (why := supported(rows, dk, v_dim, q.dtype)) or rows % (BLOCK_Q * cluster):
+        raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
+    c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
+    row_layout = plmg.Layout.WGMMA.reduce(1)
+
+    def body(q_ref, kv_ref, pairs_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem,
+             q_bar, k_full, k_free, p_ready, l_bar, done=None):
+        # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
+        # consumer 0 and 1; at the end row 0 consumer 0's row sum, row 2 consumer 1's, then lse.
+        s, block = lax.axis_index("stream"), lax.axis_index("rows")
+        if cluster > 1:     # the CTAs of a cluster: consecutive row blocks of one stream
+            block = block * cluster + lax.axis_index("cluster")
+        r0 = block * BLOCK_Q
+        num_pairs = pairs_ref[s]
+        wg = lax.axis_index("wg")
+
+        def tile_keys(j):
+            return kv_ref.at[s, pl.ds(j * BLOCK_K, BLOCK_K)]
+
+        @pl.when(wg == 2)
+        def _producer():
+            plmg.set_max_registers(40, action="decrease")
+            plmg.copy_gmem_to_smem(q_ref.at[s, pl.ds(r0, BLOCK_Q)], q_smem, q_bar)
+
+            @pl.when(num_pairs > 0)
+            def _():
+                for j in range(2):
+                    plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
+
+            # This loop's trip count, read from pairs_ref, makes the kernel 1.5x slower than the
+            # same kernel with a static count here (H200, jax 0.11.2); a static bound with the
+            # loads under `pl.when(j < 2 * num_pairs)` was as slow, and the consumers' loops cost
+            # nothing either way. Not yet understood; see BENCHMARKS.md, issue 5.
+            @pl.loop(2, 2 * num_pairs)
+            def _(j):
+                slot = lax.rem(j, 2)
+                plmg.barrier_wait(k_free.at[slot])
+                plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[slot], k_full.at[slot])
+
+        def consumer(w: int):
+            """Consumer w: scores tiles 2i + w (slot w), owns output columns [w, w + 1) * half."""
+            other = 1 - w
+            cols = pl.ds(w * half, half)
+            plmg.set_max_registers(232, action="increase")
+            plmg.barrier_wait(q_bar)
+
+            def scores():
+                plmg.barrier_wait(k_full.at[w])
+
+                def run(s_ref):
+                    plmg.wgmma(s_ref, q_smem, plmg.transpose_ref(k_smem.at[w], (1, 0)))
+                    return s_ref[...]
+                return pl.run_scoped(run, plmg.ACC((BLOCK_Q, BLOCK_K), jnp.float32))
+
+            def pv(acc, p, slot):
+                """acc + p @ (this consumer's half of V in key slot `slot`), then free the slot."""
+                def run(acc_ref):
+                    plmg.wgmma(acc_ref, p, k_smem.at[slot, :, cols])
+                acc = pl.run_state(run)(plmg.ACC.init(acc))
+                plmg.barrier_arrive(k_free.at[slot])
+                return acc
+
+            def rescale(acc, l, m, m_new):
+                alpha = jnp.exp2(m - m_new)
+                return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), l * alpha
+
+            def take_other(acc, m, l):
+                """Fold in the other consumer's latest tile: its P and row max from shared memory."""
+                plmg.barrier_wait(p_ready.at[other])
+                m_new = plmg.load(stat_smem, (other,), layout=row_layout)
+                acc, l = rescale(acc, l, m, m_new)
+                plmg.barrier_wait(k_full.at[other])
+                return pv(acc, p_smem, other), m_new, l
+
+            def own_tile(acc, m, l, st):
+                """Softmax of this consumer's scores st; publish P and the row max; P @ V half."""
+                m_new = jnp.maximum(m, st.max(axis=1) * c)
+                acc, l = rescale(acc, l, m, m_new)
+                p = jnp.exp2(st * c - lax.broadcast_in_dim(m_new, st.shape, [0]))
+                l = l + p.sum(axis=1)
+                p16 = p.astype(p_smem.dtype)
+                p_smem[...] = p16
+                stat_smem[w] = m_new
+                plmg.commit_smem()
+                plmg.barrier_arrive(p_ready.at[w])
+                return pv(acc, p16, w), m_new, l
+
+            def step(i, carry):
+                # Consumer 0 scores tile 2i, then folds in tile 2i + 1; consumer 1 scores tile
+                # 2i + 1 while consumer 0 runs its softmax, then folds in tile 2i. (Consumer 1
+                # folding first, or consumer 0 scoring between its fold and softmax, measured
+                # 10-20% slower on the H200.)
+                acc, m, l = carry
+                st = scores()
+                if w == 0:
+                    return take_other(*own_tile(acc, m, l, st))
+                return own_tile(*take_other(acc, m, l), st)
+
+            m0 = plmg.layout_cast(jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32), row_layout)
+            l0 = plmg.layout_cast(jnp.full((BLOCK_Q,), 0.0, jnp.float32), row_layout)
+            acc0 = plmg.layout_cast(jnp.full((BLOCK_Q, half), 0.0, jnp.float32), plmg.Layout.WGMMA)
+            acc, m, l = lax.fori_loop(0, num_pairs, step, (acc0, m0, l0))
+
+            mine, theirs = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
+            stat_smem[mine] = l
+            plmg.commit_smem()
+            plmg.barrier_arrive(l_bar)
+            plmg.barrier_wait(l_bar)
+            l_tot = l + plmg.load(stat_smem, (theirs,), layout=row_layout)
+            l_div = jnp.where(l_tot > 0, l_tot, 1.0)
+            o = acc / lax.broadcast_in_dim(l_div, acc.shape, [0])
+            o_ref[s, pl.ds(r0, BLOCK_Q), cols] = o.astype(o_ref.dtype)
+            if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (just above)
+                stat_smem[2] = m + jnp.log2(l_tot)
+                plmg.commit_smem()
+                plmg.copy_smem_to_gmem(stat_smem.at[2], lse_ref.at[s, pl.ds(r0, BLOCK_Q)])
+                plmg.wait_smem_to_gmem(0)
+            if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
+                plmg.barrier_arrive(done)
+                plmg.barrier_wait(done)
+
+        pl.when(wg == 0)(lambda: consumer(0))
+        pl.when(wg == 1)(lambda: consumer(1))
+
+    tiled = (plmg.TilingTransform((8, 64)), plmg.SwizzleTransform(128))
+    if cluster > 1:
+        k_free = plmg.ClusterBarrier(collective_axes=("cluster",), num_arrivals=2, num_barriers=2)
+    else:
+        k_free = plmg.Barrier(num_arrivals=2, num_barriers=2)
+    scratch = dict(
+        q_smem=plmg.SMEM((BLOCK_Q, dk), q.dtype, transforms=tiled),
+        k_smem=plmg.SMEM((2, BLOCK_K, dk), kv.dtype, transforms=tiled),
+        p_smem=plmg.SMEM((BLOCK_Q, BLOCK_K), kv.dtype, transforms=tiled),
+        stat_smem=plmg.SMEM((3, BLOCK_Q), jnp.float32),
+        q_bar=plmg.Barrier(),
+        k_full=plmg.Barrier(num_barriers=2),
+        k_free=k_free,
+        p_ready=plmg.Barrier(num_arrivals=1, num_barriers=2),
+        l_bar=plmg.Barrier(num_arrivals=2),
+    )
+    mesh = {}
+    if cluster > 1:
+        scratch["done"] = plmg.ClusterBarrier(collective_axes=("cluster",), num_arrivals=2)
+        mesh = dict(cluster=(cluster,), cluster_names=("cluster",))
+    kernel = plmg.kernel(
+        body,
+        out_type=(jax.ShapeDtypeStruct((num_s, rows, v_dim), q.dtype),
+                  jax.ShapeDtypeStruct((num_s, rows), jnp.float32)),
+        grid=(rows // BLOCK_Q // cluster, num_s), grid_names=("rows", "stream"), **mesh,
+        num_threads=3, thread_name="wg", scratch_types=scratch,
+        # The WGMMA layout's row reductions stay within a warp: no reduction scratch, which
+        # would not fit beside Q and two 576-wide key tiles.
+        compiler_params=plmg.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
+    )
+    return kernel(q, kv, pairs.astype(jnp.int32))
+
+
+def context_attention_xla(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1):
+    """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
+    around the kernel."""
+    del cluster
+    c = scale * math.log2(math.e)
+    keys = jnp.arange(kv.shape[1])
+    seen = keys[None, :] < (PAIR * pairs)[:, None]                                  # [S, N]
+    st = jnp.einsum("srd,snd->srn", q, kv, preferred_element_type=jnp.float32) * c
+    st = jnp.where(seen[:, None, :], st, -jnp.inf)
+    m = st.max(axis=-1)
+    p = jnp.exp2(st - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
+    l = p.sum(axis=-1)
+    o = jnp.einsum("srn,snv->srv", p, kv[..., :v_dim].astype(jnp.float32))
+    o = o / jnp.where(l > 0, l, 1.0)[..., None]
+    return o.astype(q.dtype), m + jnp.log2(l)
+
+
+def _tail(q, kv, ctx_lens, visible, start, *, scale, v_dim, node_of_row):
+    """Attention over each stream's keys past the kernel's pairs: context slots start ..
+    start + 127 below ctx_lens, then tree token u (slot ctx_lens + u) where the row's node sees
+    it. q [S, R, Dk], visible [S, Q, Q] bool, start [S], node_of_row [R] -> (unnormalised
+    O [S, R, v_dim] float32, row max m [S, R] and row sum l [S, R], log2 units)."""
+    num_s, _, _ = q.shape
+    num_q = visible.shape[1]
+    t = jnp.arange(PAIR + num_q)
+    is_ctx = t < PAIR
+    slot = jnp.where(is_ctx, start[:, None] + t, ctx_lens[:, None] + t - PAIR)       # [S, T]
+    ctx_ok = is_ctx & (slot < ctx_lens[:, None])                                       # [S, T]
+    slot = jnp.minimum(slot, kv.shape[1] - 1)
+    k = jnp.take_along_axis(kv, slot[:, :, None], axis=1)                              # [S, T, Dk]
+    k = jnp.where((ctx_ok | ~is_ctx)[..., None], k, 0)       # stale slots may hold anything
+    tree_ok = visible[:, node_of_row, :]                                               # [S, R, Q]
+    ok = jnp.concatenate([jnp.broadcast_to(ctx_ok[:, None, :PAIR], (num_s, len(node_of_row), PAIR)),
+                          tree_ok], axis=-1)                                           # [S, R, T]
+    st = jnp.einsum("srd,std->srt", q, k, preferred_element_type=jnp.float32) * (scale * math.log2(math.e))
+    st = jnp.where(ok, st, -jnp.inf)
+    m = st.max(axis=-1)
+    p = jnp.exp2(st - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
+    o = jnp.einsum("srt,stv->srv", p.astype(k.dtype), k[..., :v_dim], preferred_element_type=jnp.float32)
+    return o, m, p.sum(axis=-1)
+
+
+def _merge(o_ctx, lse_ctx, o_tail, m_tail, l_tail):
+    """Softmax over the union of the two key sets from each part's (normalised O, lse) and
+    (unnormalised O, max, sum); rows that see no key at all give zeros."""
+    top = jnp.maximum(lse_ctx, m_tail)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    w_ctx = jnp.exp2(lse_ctx - top)                       # 0 where the context part is empty
+    w_tail = jnp.exp2(m_tail - top)
+    num = w_ctx[..., None] * o_ctx.astype(jnp.float32) + w_tail[..., None] * o_tail
+    den = w_ctx + w_tail * l_tail
+    return num / jnp.where(den > 0, den, 1.0)[..., None]
+
+
+def cluster_size(rows: int) -> int:
+    """CTAs per cluster: two when the row blocks pair up (1-15% faster on the H200 at ctx 8k-32k)."""
+    return 2 if rows % (2 * BLOCK_Q) == 0 else 1
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context"))
+def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
+                         heads_first: bool = False, q_rope=None, context=context_attention):
+    """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
+    node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
+    context: the whole-pairs part (the kernel; its XLA twin in CPU tests)."""
+    if q_rope is not None:
+        q = jnp.concatenate([q, q_rope], axis=-1)
+    num_s, a, b, dk = q.shape
+    num_q = b if heads_first else a
+    rows = a * b
+    # Row r of the flattened query is node r % Q (heads first) or r // H.
+    node_of_row = np.arange(rows) % num_q if heads_first else np.arange(rows) // b
+    q_rows = q.reshape(num_s, rows, dk)
+    padded = -(-rows // BLOCK_Q) * BLOCK_Q
+    q_pad = jnp.pad(q_rows, ((0, 0), (0, padded - rows), (0, 0)))
+    pairs = ctx_lens.astype(jnp.int32) // PAIR
+    # TMA reads the cache in (8, 64) tiles and the kernel's first step names keys 0 .. 127: a slot
+    # count off a multiple of 8, or below 128, costs one padded copy.
+    pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
+    kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
+    o_ctx, lse_ctx = context(q_pad, kv_k, pairs, scale=scale, v_dim=v_dim, cluster=cluster_size(padded))
+
+    t = jnp.arange(num_q)
+    words = lax.bitcast_convert_type(node_mask, jnp.uint32)[:, :, t // 32]
+    visible = ((words >> (t % 32).astype(jnp.uint32)) & 1).astype(bool)               # [S, Q, Q]
+    o_tail, m_tail, l_tail = _tail(q_rows, kv, ctx_lens.astype(jnp.int32), visible, pairs * PAIR,
+                                   scale=scale, v_dim=v_dim, node_of_row=node_of_row)
+    out = _merge(o_ctx[:, :rows], lse_ctx[:, :rows], o_tail, m_tail, l_tail)
+    return out.reshape(num_s, a, b, v_dim).astype(q.dtype)
+
+
+@registry.register("mla_attention", "mosaic_gpu")
+def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
+                heads_first: bool = False, q_rope=None) -> jax.Array:
+    dk = q.shape[-1] + (0 if q_rope is None else q_rope.shape[-1])
+    if jax.default_backend() != "gpu":
+        raise ValueError("mla_attention impl 'mosaic_gpu' needs a Hopper GPU (Pallas Mosaic GPU "
+                         "has no CPU interpreter for this kernel); use 'xla' or 'pallas_triton'")
+    if why := supported(q.shape[1] * q.shape[2], dk, v_dim, q.dtype):
+        raise ValueError(f"mla_attention impl 'mosaic_gpu': {why}")
+    return mla_attention_mosaic(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
+                                heads_first=heads_first, q_rope=q_rope)
