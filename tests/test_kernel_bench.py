@@ -65,3 +65,14 @@ def test_mla_bench_runs_on_the_cpu():
     out = subprocess.run([sys.executable, "-c", MLA_CHECK], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_mla_mosaic_probe_lowers_both_forms():
+    """experiments/mla_mosaic_probe.py --lower_only: the Mosaic GPU kernel with its producer's trip
+    count read at run time and static, in clusters of two and of one, lowered for CUDA on the CPU."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "experiments/mla_mosaic_probe.py", "--lower_only",
+                          "--shapes=1024:2:2,1024:3:1"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    assert out.stdout.count("lowered") == 4, out.stdout

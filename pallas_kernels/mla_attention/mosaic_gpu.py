@@ -54,12 +54,17 @@ def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
     return None
 
 
-def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1):
+def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1,
+                      static_pairs: int | None = None):
     """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs [S] int32 ->
     (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of every row of stream s over
     keys 0 .. 128 * pairs[s], O normalised by the row sum, lse2 = log2 of the sum of
     exp2(scale * log2(e) * q.k) (-inf and O = 0 where pairs[s] = 0). R a multiple of
-    64 * cluster; 128 * pairs[s] <= N."""
+    64 * cluster; 128 * pairs[s] <= N.
+    static_pairs: every stream's pair count when it is one number known at trace time
+    (uniform contexts, benchmarks): the producer then loops a static count, 1.5x faster on the
+    H200 than reading it from `pairs` (BENCHMARKS.md, issue 5). Checked against a concrete
+    `pairs`; a traced `pairs` that disagrees deadlocks the kernel."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -67,6 +72,13 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
     half = v_dim // 2
     if (why := supported(rows, dk, v_dim, q.dtype)) or rows % (BLOCK_Q * cluster):
         raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
+    if static_pairs is not None:
+        try:
+            concrete = np.asarray(pairs)
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+            concrete = None
+        if static_pairs < 0 or (concrete is not None and np.any(concrete != static_pairs)):
+            raise ValueError(f"context_attention: static_pairs={static_pairs} but pairs={concrete}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
 
@@ -89,20 +101,26 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
             plmg.set_max_registers(40, action="decrease")
             plmg.copy_gmem_to_smem(q_ref.at[s, pl.ds(r0, BLOCK_Q)], q_smem, q_bar)
 
-            @pl.when(num_pairs > 0)
-            def _():
-                for j in range(2):
-                    plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
-
-            # This loop's trip count, read from pairs_ref, makes the kernel 1.5x slower than the
-            # same kernel with a static count here (H200, jax 0.11.2); a static bound with the
-            # loads under `pl.when(j < 2 * num_pairs)` was as slow, and the consumers' loops cost
-            # nothing either way. Not yet understood; see BENCHMARKS.md, issue 5.
-            @pl.loop(2, 2 * num_pairs)
-            def _(j):
+            def load(j):
                 slot = lax.rem(j, 2)
                 plmg.barrier_wait(k_free.at[slot])
                 plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[slot], k_full.at[slot])
+
+            def prefetch():
+                for j in range(2):
+                    plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
+
+            if static_pairs is not None:
+                if static_pairs > 0:
+                    prefetch()
+                pl.loop(2, 2 * static_pairs)(load)
+            else:
+                # This loop's trip count, read from pairs_ref, makes the kernel 1.5x slower than
+                # with static_pairs (H200, jax 0.11.2); a static bound with the loads under
+                # `pl.when(j < 2 * num_pairs)` was as slow, and the consumers' loops cost nothing
+                # either way. Not yet understood; see BENCHMARKS.md, issue 5.
+                pl.when(num_pairs > 0)(prefetch)
+                pl.loop(2, 2 * num_pairs)(load)
 
         def consumer(w: int):
             """Consumer w: scores tiles 2i + w (slot w), owns output columns [w, w + 1) * half."""
