@@ -1,23 +1,30 @@
-"""The Mosaic GPU MLA kernel alone: its producer's trip count read at run time against static.
+"""The Mosaic GPU MLA kernel alone (`mosaic_gpu.context_attention`), with ptxas's register report.
 
-For each (ctx, Q, S) with every stream at ctx (ctx // 128 whole key pairs, no tree tail), times
-`mosaic_gpu.context_attention` in both producer forms, after checking each against its XLA twin
-on stream 0 (relative error of O, absolute error of lse). FLOPs = 2 S R 128 pairs (Dk + v_dim),
-bytes = the latent cache read once + queries + outputs; floor = max(bytes / copy bandwidth, FLOPs /
-matmul rate) from ceilings measured in the same run. Shares mla_bench's --heads, --dk, --v_dim, --out. --dump_dir makes Mosaic GPU write each
-kernel's PTX, ptxas report and SASS there (the variables MOSAIC_GPU_DUMP_*). Off the GPU,
---lower_only lowers both forms for CUDA and stops (the CPU test of this script).
+For each (ctx, Q, S), every stream at ctx (ctx // 128 whole key pairs, no tree tail): checks the
+kernel against its XLA twin on stream 0 (relative error of O, absolute error of lse), then times
+it. FLOPs = 2 S R 128 pairs (Dk + v_dim), bytes = the latent cache read once + queries + outputs;
+floor = max(bytes / copy bandwidth, FLOPs / matmul rate) from ceilings measured in the same run.
+With --ptxas (the default) Mosaic GPU runs ptxas -v on each kernel as it compiles
+(MOSAIC_GPU_DUMP_PTXAS); the probe captures that report and records the registers and spill bytes
+per shape: spills in this kernel's loop cost up to 1.5x (BENCHMARKS.md, issue 5, session 19).
+--dump also prints the PTX and SASS (MOSAIC_GPU_DUMP_PTX, _SASS; SASS needs nvdisasm in the CUDA
+root). Shares mla_bench's --heads, --dk, --v_dim, --out. Off the GPU, --lower_only lowers the
+kernel for CUDA and stops (the CPU test of this script).
 
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
   python3 experiments/mla_mosaic_probe.py --out=$OUT/probe.json
-  python3 experiments/mla_mosaic_probe.py --shapes=8192:16:16 --dump_dir=$OUT/dump
+  python3 experiments/mla_mosaic_probe.py --shapes=8192:16:16 --dump > $OUT/dump.txt
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import re
+import sys
+import tempfile
 
 from absl import app, flags
 
@@ -25,17 +32,45 @@ from experiments.mla_bench import measure_ceilings, time_jax   # also defines --
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
-flags.DEFINE_string("dump_dir", "", "if set, Mosaic GPU dumps PTX, ptxas output and SASS here")
-flags.DEFINE_bool("lower_only", False, "lower both forms for CUDA and stop (runs on a CPU)")
+flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
+flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")
+flags.DEFINE_bool("lower_only", False, "lower the kernel for CUDA and stop (runs on a CPU)")
 
 _TOL = 1e-2         # bf16 O against the float32 twin
 
 
+@contextlib.contextmanager
+def _captured_stdout(into: list):
+    """Collects what is written to file descriptor 1 (the compiler's std::cout) into `into`."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            tmp.seek(0)
+            into.append(tmp.read().decode(errors="replace"))
+
+
+def ptxas_summary(report: str) -> dict:
+    """Registers, spill-store and spill-load bytes from a `ptxas -v` report (the last kernel's)."""
+    out = {}
+    if m := re.findall(r"Used (\d+) registers", report):
+        out["registers"] = int(m[-1])
+    if m := re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report):
+        out["spill_store_bytes"], out["spill_load_bytes"] = map(int, m[-1])
+    return out
+
+
 def main(_):
-    if FLAGS.dump_dir:      # read by the compiler at compile time: set before anything compiles
-        os.makedirs(FLAGS.dump_dir, exist_ok=True)
-        os.environ.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_SASS="1",
-                          MOSAIC_GPU_DUMP_TO=FLAGS.dump_dir)
+    if FLAGS.ptxas or FLAGS.dump:     # read by the compiler at compile time: set before anything compiles
+        os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
+    if FLAGS.dump:
+        os.environ.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_SASS="1")
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -53,15 +88,12 @@ def main(_):
         r, pairs_n = num_q * heads, ctx // mosaic_gpu.PAIR
         pairs = jnp.full((num_s,), pairs_n, jnp.int32)
         cluster = mosaic_gpu.cluster_size(r)
-        forms = {"runtime": None, "static": pairs_n}
+        fn = jax.jit(functools.partial(mosaic_gpu.context_attention, scale=scale, v_dim=v_dim, cluster=cluster))
         if FLAGS.lower_only:
             specs = (jax.ShapeDtypeStruct((num_s, r, dk), jnp.bfloat16),
-                     jax.ShapeDtypeStruct((num_s, ctx + 8, dk), jnp.bfloat16))
-            for name, sp in forms.items():
-                fn = jax.jit(lambda q, kv, sp=sp: mosaic_gpu.context_attention(
-                    q, kv, pairs, scale=scale, v_dim=v_dim, cluster=cluster, static_pairs=sp))
-                fn.trace(*specs).lower(lowering_platforms=("cuda",))
-                print(f"ctx={ctx} Q={num_q} S={num_s} {name}: lowered")
+                     jax.ShapeDtypeStruct((num_s, ctx + 8, dk), jnp.bfloat16), pairs)
+            fn.trace(*specs).lower(lowering_platforms=("cuda",))
+            print(f"ctx={ctx} Q={num_q} S={num_s}: lowered")
             continue
         kq, kk = jax.random.split(jax.random.key(ctx + num_q + num_s))
         q = jax.random.normal(kq, (num_s, r, dk), jnp.bfloat16)
@@ -73,24 +105,24 @@ def main(_):
         nbytes = 2 * num_s * (ctx * dk + r * (dk + v_dim))
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),
                     flops / (max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12))
-        for name, sp in forms.items():
-            fn = jax.jit(functools.partial(mosaic_gpu.context_attention, scale=scale, v_dim=v_dim,
-                                           cluster=cluster, static_pairs=sp))
-            row = dict(ctx=ctx, q=num_q, s=num_s, form=name, cluster=cluster, flops=flops, bytes=nbytes,
-                       floor_ms=floor * 1e3)
-            try:
-                o, lse = fn(q, kv, pairs)
-                o0 = np.asarray(o[0], np.float64)
-                row["rel_err"] = float(np.linalg.norm(o0 - o_ref[0]) / np.linalg.norm(o_ref[0]))
-                row["lse_err"] = float(np.max(np.abs(np.asarray(lse[0], np.float64) - lse_ref[0])))
-                if not row["rel_err"] <= _TOL:
-                    raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
-                sec = time_jax(fn, [(q, kv, pairs)])
-                row.update(ms=sec * 1e3, tflops=flops / sec / 1e12, pct_floor=100 * floor / sec)
-            except Exception as e:  # report and go on
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        row = dict(ctx=ctx, q=num_q, s=num_s, cluster=cluster, flops=flops, bytes=nbytes, floor_ms=floor * 1e3)
+        try:
+            report = []
+            with _captured_stdout(report) if not FLAGS.dump else contextlib.nullcontext():
+                o, lse = jax.block_until_ready(fn(q, kv, pairs))     # compiles: ptxas reports here
+            if report:
+                row.update(ptxas_summary(report[0]))
+            o0 = np.asarray(o[0], np.float64)
+            row["rel_err"] = float(np.linalg.norm(o0 - o_ref[0]) / np.linalg.norm(o_ref[0]))
+            row["lse_err"] = float(np.max(np.abs(np.asarray(lse[0], np.float64) - lse_ref[0])))
+            if not row["rel_err"] <= _TOL:
+                raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
+            sec = time_jax(fn, [(q, kv, pairs)])
+            row.update(ms=sec * 1e3, tflops=flops / sec / 1e12, pct_floor=100 * floor / sec)
+        except Exception as e:  # report and go on
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     if FLAGS.lower_only:
         print("ok")
         return
@@ -98,15 +130,14 @@ def main(_):
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "rows": rows, "device": jax.devices()[0].device_kind,
                        "jax": jax.__version__}, f, indent=1)
-    print("| ctx | Q | S | cluster | floor ms | run-time count ms (% floor) | static count ms (% floor) | static speedup |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for shape in sorted({(r["ctx"], r["q"], r["s"]) for r in rows}):
-        by = {r["form"]: r for r in rows if (r["ctx"], r["q"], r["s"]) == shape}
-        cell = lambda r: f"{r['ms']:.3f} ({r['pct_floor']:.1f})" if "ms" in r else "error"
-        gain = (f"{by['runtime']['ms'] / by['static']['ms']:.2f}x"
-                if "ms" in by["runtime"] and "ms" in by["static"] else "-")
-        print(f"| {shape[0]} | {shape[1]} | {shape[2]} | {by['runtime']['cluster']} | "
-              f"{by['runtime']['floor_ms']:.3f} | {cell(by['runtime'])} | {cell(by['static'])} | {gain} |")
+    print("| ctx | Q | S | cluster | registers | spill bytes (st/ld) | floor ms | ms | TFLOP/s | % floor |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}" if "spill_store_bytes" in r else "-"
+        timed = (f"{r['ms']:.3f} | {r['tflops']:.0f} | {r['pct_floor']:.1f}" if "ms" in r
+                 else f"error | - | -")
+        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['cluster']} | {r.get('registers', '-')} | {spill} | "
+              f"{r['floor_ms']:.3f} | {timed} |")
 
 
 if __name__ == "__main__":

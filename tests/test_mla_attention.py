@@ -450,27 +450,17 @@ def test_gpu_mosaic_k2_shapes(case):
         assert_close(lay(out), ref, TOL[jnp.bfloat16], f"seed {seed} heads_first={heads_first} apart={apart}")
 
 
-def test_mosaic_static_pairs_checked():
-    """static_pairs must equal every stream's pair count when the counts are concrete."""
-    q = jnp.zeros((2, 64, 576), jnp.bfloat16)
-    kv = jnp.zeros((2, 264, 576), jnp.bfloat16)
-    with pytest.raises(ValueError, match="static_pairs=2"):
-        mosaic_gpu.context_attention(q, kv, jnp.asarray([2, 1], jnp.int32), scale=0.1, v_dim=512, static_pairs=2)
-
-
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="Pallas Mosaic GPU kernel: Hopper GPU only")
-@pytest.mark.parametrize("rows,cluster,counts,static", [(128, 2, [0, 1, 7, 64], None), (192, 1, [0, 1, 7, 64], None),
-                                                        (128, 2, [7] * 4, 7), (192, 1, [0] * 4, 0)])
-def test_gpu_mosaic_context_kernel(rows, cluster, counts, static):
+@pytest.mark.parametrize("rows,cluster,counts", [(128, 2, [0, 1, 7, 64]), (192, 1, [0, 1, 7, 64]),
+                                                 (128, 2, [7] * 4), (192, 1, [0] * 4)])
+def test_gpu_mosaic_context_kernel(rows, cluster, counts):
     """The kernel alone against its XLA twin: O and lse for 0 to 64 pairs, every element
-    (NaN-filled inputs run first, so buffers it fails to write would hold stale NaN); the
-    producer's count read at run time or given statically."""
+    (NaN-filled inputs run first, so buffers it fails to write would hold stale NaN)."""
     pairs = jnp.asarray(counts, jnp.int32)
     rng = np.random.default_rng(rows)
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
-    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, scale=0.04, v_dim=512, cluster=cluster,
-                                                             static_pairs=static))
+    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, scale=0.04, v_dim=512, cluster=cluster))
     jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
     o, lse = run(q, kv)
     o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,

@@ -54,17 +54,12 @@ def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
     return None
 
 
-def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1,
-                      static_pairs: int | None = None):
+def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1):
     """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs [S] int32 ->
     (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of every row of stream s over
     keys 0 .. 128 * pairs[s], O normalised by the row sum, lse2 = log2 of the sum of
     exp2(scale * log2(e) * q.k) (-inf and O = 0 where pairs[s] = 0). R a multiple of
-    64 * cluster; 128 * pairs[s] <= N.
-    static_pairs: every stream's pair count when it is one number known at trace time
-    (uniform contexts, benchmarks): the producer then loops a static count, 1.5x faster on the
-    H200 than reading it from `pairs` (BENCHMARKS.md, issue 5). Checked against a concrete
-    `pairs`; a traced `pairs` that disagrees deadlocks the kernel."""
+    64 * cluster; 128 * pairs[s] <= N."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -72,17 +67,10 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
     half = v_dim // 2
     if (why := supported(rows, dk, v_dim, q.dtype)) or rows % (BLOCK_Q * cluster):
         raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
-    if static_pairs is not None:
-        try:
-            concrete = np.asarray(pairs)
-        except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
-            concrete = None
-        if static_pairs < 0 or (concrete is not None and np.any(concrete != static_pairs)):
-            raise ValueError(f"context_attention: static_pairs={static_pairs} but pairs={concrete}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
 
-    def body(q_ref, kv_ref, pairs_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem,
+    def body(q_ref, kv_ref, pairs_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem, slot_smem,
              q_bar, k_full, k_free, p_ready, l_bar, done=None):
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 0 consumer 0's row sum, row 2 consumer 1's, then lse.
@@ -99,7 +87,7 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
         @pl.when(wg == 2)
         def _producer():
             plmg.set_max_registers(40, action="decrease")
-            plmg.copy_gmem_to_smem(q_ref.at[s, pl.ds(r0, BLOCK_Q)], q_smem, q_bar)
+            plmg.copy_gmem_to_smem(q_ref.at[s, pl.ds(r0, BLOCK_Q)], q_smem.at[0], q_bar)
 
             def load(j):
                 slot = lax.rem(j, 2)
@@ -110,65 +98,57 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
                 for j in range(2):
                     plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
 
-            if static_pairs is not None:
-                if static_pairs > 0:
-                    prefetch()
-                pl.loop(2, 2 * static_pairs)(load)
-            else:
-                # This loop's trip count, read from pairs_ref, makes the kernel 1.5x slower than
-                # with static_pairs (H200, jax 0.11.2); a static bound with the loads under
-                # `pl.when(j < 2 * num_pairs)` was as slow, and the consumers' loops cost nothing
-                # either way. Not yet understood; see BENCHMARKS.md, issue 5.
-                pl.when(num_pairs > 0)(prefetch)
-                pl.loop(2, 2 * num_pairs)(load)
+            pl.when(num_pairs > 0)(prefetch)
+            pl.loop(2, 2 * num_pairs)(load)
 
         def consumer(w: int):
             """Consumer w: scores tiles 2i + w (slot w), owns output columns [w, w + 1) * half."""
             other = 1 - w
             cols = pl.ds(w * half, half)
             plmg.set_max_registers(232, action="increase")
+            slot_smem[w] = jnp.int32(w)
             plmg.barrier_wait(q_bar)
 
-            def scores():
+            def scores(mine):
                 plmg.barrier_wait(k_full.at[w])
 
                 def run(s_ref):
-                    plmg.wgmma(s_ref, q_smem, plmg.transpose_ref(k_smem.at[w], (1, 0)))
+                    plmg.wgmma(s_ref, q_smem.at[mine - w], plmg.transpose_ref(k_smem.at[mine], (1, 0)))
                     return s_ref[...]
                 return pl.run_scoped(run, plmg.ACC((BLOCK_Q, BLOCK_K), jnp.float32))
 
-            def pv(acc, p, slot):
+            def pv(acc, p, slot, barrier_slot):
                 """acc + p @ (this consumer's half of V in key slot `slot`), then free the slot."""
                 def run(acc_ref):
                     plmg.wgmma(acc_ref, p, k_smem.at[slot, :, cols])
                 acc = pl.run_state(run)(plmg.ACC.init(acc))
-                plmg.barrier_arrive(k_free.at[slot])
+                plmg.barrier_arrive(k_free.at[barrier_slot])
                 return acc
 
             def rescale(acc, l, m, m_new):
                 alpha = jnp.exp2(m - m_new)
                 return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), l * alpha
 
-            def take_other(acc, m, l):
+            def take_other(acc, m, l, mine):
                 """Fold in the other consumer's latest tile: its P and row max from shared memory."""
                 plmg.barrier_wait(p_ready.at[other])
                 m_new = plmg.load(stat_smem, (other,), layout=row_layout)
                 acc, l = rescale(acc, l, m, m_new)
                 plmg.barrier_wait(k_full.at[other])
-                return pv(acc, p_smem, other), m_new, l
+                return pv(acc, p_smem.at[mine - w], 1 - mine, other), m_new, l
 
-            def own_tile(acc, m, l, st):
+            def own_tile(acc, m, l, st, mine):
                 """Softmax of this consumer's scores st; publish P and the row max; P @ V half."""
                 m_new = jnp.maximum(m, st.max(axis=1) * c)
                 acc, l = rescale(acc, l, m, m_new)
                 p = jnp.exp2(st * c - lax.broadcast_in_dim(m_new, st.shape, [0]))
                 l = l + p.sum(axis=1)
                 p16 = p.astype(p_smem.dtype)
-                p_smem[...] = p16
+                p_smem[0] = p16
                 stat_smem[w] = m_new
                 plmg.commit_smem()
                 plmg.barrier_arrive(p_ready.at[w])
-                return pv(acc, p16, w), m_new, l
+                return pv(acc, p16, mine, w), m_new, l
 
             def step(i, carry):
                 # Consumer 0 scores tile 2i, then folds in tile 2i + 1; consumer 1 scores tile
@@ -176,22 +156,28 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
                 # folding first, or consumer 0 scoring between its fold and softmax, measured
                 # 10-20% slower on the H200.)
                 acc, m, l = carry
-                st = scores()
+                # `mine` is w, read back from shared memory every step: the operand addresses
+                # of the matrix products then depend on a value the compilers cannot see
+                # through, so they are formed next to each product instead of being hoisted
+                # out of the loop (some 80 64-bit descriptors, more than the registers left
+                # beside the accumulator: ptxas spilled them, and more so in some builds).
+                mine = slot_smem[w]
+                st = scores(mine)
                 if w == 0:
-                    return take_other(*own_tile(acc, m, l, st))
-                return own_tile(*take_other(acc, m, l), st)
+                    return take_other(*own_tile(acc, m, l, st, mine), mine)
+                return own_tile(*take_other(acc, m, l, mine), st, mine)
 
             m0 = plmg.layout_cast(jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32), row_layout)
             l0 = plmg.layout_cast(jnp.full((BLOCK_Q,), 0.0, jnp.float32), row_layout)
             acc0 = plmg.layout_cast(jnp.full((BLOCK_Q, half), 0.0, jnp.float32), plmg.Layout.WGMMA)
             acc, m, l = lax.fori_loop(0, num_pairs, step, (acc0, m0, l0))
 
-            mine, theirs = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
-            stat_smem[mine] = l
+            own_row, their_row = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
+            stat_smem[own_row] = l
             plmg.commit_smem()
             plmg.barrier_arrive(l_bar)
             plmg.barrier_wait(l_bar)
-            l_tot = l + plmg.load(stat_smem, (theirs,), layout=row_layout)
+            l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
             l_div = jnp.where(l_tot > 0, l_tot, 1.0)
             o = acc / lax.broadcast_in_dim(l_div, acc.shape, [0])
             o_ref[s, pl.ds(r0, BLOCK_Q), cols] = o.astype(o_ref.dtype)
@@ -213,10 +199,11 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
     else:
         k_free = plmg.Barrier(num_arrivals=2, num_barriers=2)
     scratch = dict(
-        q_smem=plmg.SMEM((BLOCK_Q, dk), q.dtype, transforms=tiled),
+        q_smem=plmg.SMEM((1, BLOCK_Q, dk), q.dtype, transforms=tiled),
         k_smem=plmg.SMEM((2, BLOCK_K, dk), kv.dtype, transforms=tiled),
-        p_smem=plmg.SMEM((BLOCK_Q, BLOCK_K), kv.dtype, transforms=tiled),
+        p_smem=plmg.SMEM((1, BLOCK_Q, BLOCK_K), kv.dtype, transforms=tiled),
         stat_smem=plmg.SMEM((3, BLOCK_Q), jnp.float32),
+        slot_smem=plmg.SMEM((2,), jnp.int32),
         q_bar=plmg.Barrier(),
         k_full=plmg.Barrier(num_barriers=2),
         k_free=k_free,
