@@ -1,7 +1,7 @@
 """The Mosaic GPU MLA kernel alone (`mosaic_gpu.context_attention`), with ptxas's register report.
 
-For each (ctx, Q, S), every stream at ctx (ctx // 128 whole key pairs, no tree tail): checks the
-kernel against its XLA twin on stream 0 (relative error of O, absolute error of lse), then times
+For each (ctx, Q, S), every stream at ctx (ctx // 128 whole key pairs; the tail it merges is
+empty: O zeros, row max -inf, row sum 0, which it still reads): checks the kernel against its XLA twin on stream 0 (relative error of O, absolute error of lse), then times
 it. FLOPs = 2 S R 128 pairs (Dk + v_dim), bytes = the latent cache read once + queries + outputs;
 floor = max(bytes / copy bandwidth, FLOPs / matmul rate) from ceilings measured in the same run.
 With --ptxas (the default) Mosaic GPU runs ptxas -v on each kernel as it compiles
@@ -88,10 +88,12 @@ def main(_):
         r, pairs_n = num_q * heads, ctx // mosaic_gpu.PAIR
         pairs = jnp.full((num_s,), pairs_n, jnp.int32)
         cluster = mosaic_gpu.cluster_size(r)
+        tail = (jnp.zeros((num_s, r, v_dim), jnp.float32), jnp.full((num_s, r), -jnp.inf, jnp.float32),
+                jnp.zeros((num_s, r), jnp.float32))
         fn = jax.jit(functools.partial(mosaic_gpu.context_attention, scale=scale, v_dim=v_dim, cluster=cluster))
         if FLAGS.lower_only:
             specs = (jax.ShapeDtypeStruct((num_s, r, dk), jnp.bfloat16),
-                     jax.ShapeDtypeStruct((num_s, ctx + 8, dk), jnp.bfloat16), pairs)
+                     jax.ShapeDtypeStruct((num_s, ctx + 8, dk), jnp.bfloat16), pairs, *tail)
             fn.trace(*specs).lower(lowering_platforms=("cuda",))
             print(f"ctx={ctx} Q={num_q} S={num_s}: lowered")
             continue
@@ -99,17 +101,18 @@ def main(_):
         q = jax.random.normal(kq, (num_s, r, dk), jnp.bfloat16)
         kv = jax.random.normal(kk, (num_s, ctx + 8, dk), jnp.bfloat16)
         o_ref, lse_ref = mosaic_gpu.context_attention_xla(q[:1].astype(jnp.float32), kv[:1].astype(jnp.float32),
-                                                          pairs[:1], scale=scale, v_dim=v_dim)
+                                                          pairs[:1], *(t[:1] for t in tail), scale=scale,
+                                                          v_dim=v_dim)
         o_ref, lse_ref = np.asarray(o_ref, np.float64), np.asarray(lse_ref, np.float64)
         flops = 2 * num_s * r * pairs_n * mosaic_gpu.PAIR * (dk + v_dim)
-        nbytes = 2 * num_s * (ctx * dk + r * (dk + v_dim))
+        nbytes = 2 * num_s * (ctx * dk + r * (dk + v_dim)) + 4 * num_s * r * (v_dim + 2)   # + the tail read
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),
                     flops / (max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12))
         row = dict(ctx=ctx, q=num_q, s=num_s, cluster=cluster, flops=flops, bytes=nbytes, floor_ms=floor * 1e3)
         try:
             report = []
             with _captured_stdout(report) if not FLAGS.dump else contextlib.nullcontext():
-                o, lse = jax.block_until_ready(fn(q, kv, pairs))     # compiles: ptxas reports here
+                o, lse = jax.block_until_ready(fn(q, kv, pairs, *tail))     # compiles: ptxas reports here
             if report:
                 row.update(ptxas_summary(report[0]))
             o0 = np.asarray(o[0], np.float64)
@@ -117,7 +120,7 @@ def main(_):
             row["lse_err"] = float(np.max(np.abs(np.asarray(lse[0], np.float64) - lse_ref[0])))
             if not row["rel_err"] <= _TOL:
                 raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
-            sec = time_jax(fn, [(q, kv, pairs)])
+            sec = time_jax(fn, [(q, kv, pairs, *tail)])
             row.update(ms=sec * 1e3, tflops=flops / sec / 1e12, pct_floor=100 * floor / sec)
         except Exception as e:  # report and go on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"

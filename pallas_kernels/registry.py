@@ -2,9 +2,10 @@
 
 Implementations: "xla" (pure JAX; the reference path, runs everywhere), "pallas_triton"
 (Pallas lowered through Triton; `interpret=True` off the GPU), "triton" (a raw Triton kernel
-through jax-triton; GPU only), "mosaic_gpu" (Pallas lowered through Mosaic GPU; Hopper only, never
-picked by "auto"). `resolve(op, impl)` turns "auto" into the best implementation
-for the current backend; the model asks for an operation and never imports a kernel directly.
+through jax-triton; GPU only), "mosaic_gpu" (Pallas lowered through Mosaic GPU; Hopper only).
+`resolve(op, impl)` turns "auto" into the best implementation for the current backend; an
+operation with a shape rule (`chooser`) may then pick another per call on a GPU. The model asks
+for an operation and never imports a kernel directly.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax
 
 IMPLS = ("xla", "pallas_triton", "triton", "mosaic_gpu")
 _REGISTRY: dict[str, dict[str, Callable]] = {}
+_CHOOSERS: dict[str, Callable[..., str]] = {}
 # Preference order for impl="auto" on a GPU backend; the CPU always gets "xla".
 _GPU_PREFERENCE = ("pallas_triton", "triton", "xla")
 
@@ -27,6 +29,17 @@ def register(op: str, impl: str):
 
     def deco(fn):
         _REGISTRY.setdefault(op, {})[impl] = fn
+        return fn
+
+    return deco
+
+
+def chooser(op: str):
+    """Decorator: `fn(*args, **kwargs) -> impl name`, called (at trace time, so on static shapes)
+    by the function `get(op, "auto")` returns on a GPU backend, for operations whose best
+    implementation depends on the shapes."""
+    def deco(fn):
+        _CHOOSERS[op] = fn
         return fn
 
     return deco
@@ -53,9 +66,16 @@ def resolve(op: str, impl: str = "auto") -> str:
 
 
 def get(op: str, impl: str = "auto") -> Callable:
-    """The function implementing `op` under `impl` ("auto" picks by backend)."""
+    """The function implementing `op` under `impl` ("auto" picks by backend, and on a GPU by the
+    operation's shape rule where it has one)."""
     name = resolve(op, impl)  # loads the kernel modules first
+    if impl == "auto" and jax.default_backend() == "gpu" and op in _CHOOSERS:
+        return functools.partial(_dispatch, op)
     return _REGISTRY[op][name]
+
+
+def _dispatch(op: str, *args, **kwargs):
+    return _REGISTRY[op][_CHOOSERS[op](*args, **kwargs)](*args, **kwargs)
 
 
 @functools.cache

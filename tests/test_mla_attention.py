@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels import registry
 from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, mosaic_gpu, pallas_triton, two_pass,
                                           visibility_to_mask, xla)
 from pallas_kernels.mla_attention.reference import (mla_attention_reference,
@@ -411,6 +412,38 @@ def test_mosaic_parts_around_the_kernel(case, dtype):
     assert_close(lay(out), ref, TOL[dtype], f"mosaic parts seed {seed}")
 
 
+@pytest.mark.parametrize("hopper,shape,dtype,want", [
+    (True, (16, 16, 64), jnp.bfloat16, "mosaic_gpu"),     # 256 CTAs
+    (True, (2, 65, 64), jnp.bfloat16, "mosaic_gpu"),      # 2 x 65 = 130 CTAs: budget-64 verify
+    (True, (1, 65, 64), jnp.bfloat16, "pallas_triton"),   # 65 CTAs
+    (True, (16, 1, 64), jnp.bfloat16, "pallas_triton"),   # plain decode: 16 CTAs
+    (True, (16, 16, 64), jnp.float32, "pallas_triton"),   # the kernel takes bf16/f16 only
+    (False, (16, 16, 64), jnp.bfloat16, "pallas_triton"),  # not Hopper
+])
+def test_mosaic_auto_choice(monkeypatch, hopper, shape, dtype, want):
+    """impl="auto"'s shape rule for mla_attention on a GPU (mosaic_gpu.choose)."""
+    monkeypatch.setattr(mosaic_gpu, "is_hopper", lambda: hopper)
+    num_s, num_q, num_h = shape
+    q = jax.ShapeDtypeStruct((num_s, num_h, num_q, 512), dtype)
+    rope = jax.ShapeDtypeStruct((num_s, num_h, num_q, 64), dtype)
+    kv = jax.ShapeDtypeStruct((num_s, 9000, 576), dtype)
+    assert mosaic_gpu.choose(q, kv, None, None, scale=0.1, v_dim=512, heads_first=True, q_rope=rope) == want
+
+
+def test_registry_auto_dispatches_by_shape(monkeypatch):
+    """On a GPU backend, get(op, "auto") for an operation with a chooser calls the implementation
+    the chooser names for each call's arguments; off the GPU "auto" stays "xla"."""
+    calls = []
+    impls = {name: (lambda x, name=name: calls.append(name) or name) for name in ("xla", "pallas_triton", "mosaic_gpu")}
+    monkeypatch.setitem(registry._REGISTRY, "test_op", impls)
+    monkeypatch.setitem(registry._CHOOSERS, "test_op", lambda x: "mosaic_gpu" if x > 1 else "pallas_triton")
+    assert registry.get("test_op", "auto")(5) == "xla"             # this CPU backend
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    fn = registry.get("test_op", "auto")
+    assert (fn(5), fn(0)) == ("mosaic_gpu", "pallas_triton")
+    assert registry.get("test_op", "xla")(5) == "xla"              # a named impl bypasses the chooser
+
+
 def test_mosaic_supported_says_why():
     assert mosaic_gpu.supported(64, 576, 512, jnp.bfloat16) is None
     assert "dtype" in mosaic_gpu.supported(64, 576, 512, jnp.float32)
@@ -454,17 +487,25 @@ def test_gpu_mosaic_k2_shapes(case):
 @pytest.mark.parametrize("rows,cluster,counts", [(128, 2, [0, 1, 7, 64]), (192, 1, [0, 1, 7, 64]),
                                                  (128, 2, [7] * 4), (192, 1, [0] * 4)])
 def test_gpu_mosaic_context_kernel(rows, cluster, counts):
-    """The kernel alone against its XLA twin: O and lse for 0 to 64 pairs, every element
-    (NaN-filled inputs run first, so buffers it fails to write would hold stale NaN)."""
+    """The kernel alone against its XLA twin: O and lse for 0 to 64 pairs merged with a random
+    tail (every other row of streams 0 and 2 with no tail keys, so stream 0's rows with neither
+    give zeros and -inf), every element (NaN-filled inputs run first, so buffers it fails to
+    write would hold stale NaN)."""
     pairs = jnp.asarray(counts, jnp.int32)
     rng = np.random.default_rng(rows)
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
-    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, scale=0.04, v_dim=512, cluster=cluster))
-    jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
-    o, lse = run(q, kv)
+    empty = np.zeros((4, rows), bool)
+    empty[[0, 2], ::2] = True
+    m_t = jnp.asarray(np.where(empty, -np.inf, rng.uniform(-2, 8, (4, rows))), jnp.float32)
+    l_t = jnp.asarray(np.where(empty, 0.0, rng.uniform(1, 50, (4, rows))), jnp.float32)
+    o_t = jnp.asarray(np.where(empty[..., None], 0.0, rng.standard_normal((4, rows, 512)) * 10), jnp.float32)
+    run = jax.jit(lambda q, kv, o_t: mosaic_gpu.context_attention(q, kv, pairs, o_t, m_t, l_t, scale=0.04,
+                                                                  v_dim=512, cluster=cluster))
+    jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan), jnp.full_like(o_t, jnp.nan)))
+    o, lse = run(q, kv, o_t)
     o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,
-                                                      scale=0.04, v_dim=512)
+                                                      o_t, m_t, l_t, scale=0.04, v_dim=512)
     assert_close(o, o_ref, TOL[jnp.bfloat16], "context O")
     np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
     seen = np.isfinite(np.asarray(lse_ref))

@@ -5,8 +5,10 @@ Absorbed MLA is multi-query attention: H query heads share one latent KV head of
 cache slots j < ctx_lens[s] and to the Q new tokens (slots ctx_lens[s] + t) its ancestor bitmask
 allows. Implementations: "xla" (chunked pure JAX), "pallas_triton" (a one-pass flash-decoding
 kernel, pallas_triton.py, or for K2-size verify shapes a scores GEMM and a P @ V GEMM, two_pass.py;
-pallas_triton.select_config picks), "mosaic_gpu" (opt-in, Hopper: a warp-specialised Mosaic GPU
-kernel over whole 128-key context pairs plus the rest in XLA, mosaic_gpu.py).
+pallas_triton.select_config picks), "mosaic_gpu" (Hopper: a warp-specialised Mosaic GPU kernel
+over whole 128-key context pairs, the rest attended in XLA first and merged in the kernel,
+mosaic_gpu.py). "auto" on a GPU: mosaic_gpu on Hopper where it has 128 or more CTAs
+(mosaic_gpu.choose), else pallas_triton.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The kernel (`context_attention`) covers each stream's whole 128-key context pairs; the rest of
 the keys (the partial last pair and the Q tree tokens under the ancestor bitmask, at most
-127 + Q per stream) are attended in XLA (`_tail`), and the two softmax parts are merged by their
-log-sum-exp. Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at
+127 + Q per stream) are attended first in XLA (`_tail`), and the kernel merges that part (its
+unnormalised O, row max and row sum) into its own before it normalises and writes O. Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at
 Kimi-K2 width) and walks the context in 64-key tiles; the latent tile serves as K (all Dk
 channels) and as V (its first v_dim). Three warpgroups:
 - a producer streams the key tiles by TMA into a two-slot ring (Q plus two 576-wide tiles fill
@@ -17,11 +17,11 @@ CTAs of consecutive row blocks of one stream run as a cluster whose key slots re
 every CTA has consumed them, so they read each key tile from L2 at about the same time.
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
 
-Status (H200, 2026-12-01; BENCHMARKS.md, issue 5): opt-in as impl="mosaic_gpu", never picked by
-"auto". With a static trip count the kernel alone reached 491 TFLOP/s (62% of the floor) at ctx
-8k, Q 256, S 16, against 419 for the two-pass Pallas:Triton path; the shipped form, whose trip
-count comes from ctx_lens at run time, runs 1.5x slower than that and is slower than two-pass.
-Off the GPU the registered function refuses (Mosaic GPU's CPU interpreter does not run this
+Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, session 19): the kernel alone runs at 575-618
+TFLOP/s at ctx 8k-32k, Q 16-256, S 8-16, with no register spills; the whole operation is 1.2-1.4x
+faster than two-pass Pallas:Triton wherever it has 128 or more CTAs, and impl="auto" takes it
+there on a Hopper GPU (`choose`). With fewer CTAs (one stream with a small tree, plain decode)
+two-pass or the decode kernel is faster: this kernel has no context split. Off the GPU the registered function refuses (Mosaic GPU's CPU interpreter does not run this
 kernel); `context_attention_xla` stands in for the kernel in the CPU tests of the rest.
 """
 
@@ -54,12 +54,14 @@ def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
     return None
 
 
-def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1):
-    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs [S] int32 ->
+def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1):
+    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs [S] int32, and the rest of each row's
+    keys already attended: o_tail [S, R, v_dim] float32 (unnormalised), m_tail, l_tail [S, R]
+    float32 (row max and row sum, log2 units; -inf and 0 for no keys) ->
     (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of every row of stream s over
-    keys 0 .. 128 * pairs[s], O normalised by the row sum, lse2 = log2 of the sum of
-    exp2(scale * log2(e) * q.k) (-inf and O = 0 where pairs[s] = 0). R a multiple of
-    64 * cluster; 128 * pairs[s] <= N."""
+    keys 0 .. 128 * pairs[s] together with the tail's keys; O normalised by the row sum, lse2 =
+    log2 of the sum of exp2(scale * log2(e) * q.k) over both (-inf and O = 0 where a row has no
+    key). R a multiple of 64 * cluster; 128 * pairs[s] <= N."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -70,7 +72,7 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
 
-    def body(q_ref, kv_ref, pairs_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem, slot_smem,
+    def body(q_ref, kv_ref, pairs_ref, ot_ref, mt_ref, lt_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem, slot_smem,
              q_bar, k_full, k_free, p_ready, l_bar, done=None):
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 0 consumer 0's row sum, row 2 consumer 1's, then lse.
@@ -178,11 +180,26 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
             plmg.barrier_arrive(l_bar)
             plmg.barrier_wait(l_bar)
             l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
-            l_div = jnp.where(l_tot > 0, l_tot, 1.0)
-            o = acc / lax.broadcast_in_dim(l_div, acc.shape, [0])
-            o_ref[s, pl.ds(r0, BLOCK_Q), cols] = o.astype(o_ref.dtype)
+            # Merge with the tail's keys (as _merge does), then write O 64 columns at a time:
+            # the tail's float32 O comes from global memory beside the accumulator's registers.
+            rows_here = pl.ds(r0, BLOCK_Q)
+            m_t = plmg.load(mt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
+            l_t = plmg.load(lt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
+            top = jnp.maximum(m, m_t)
+            top = jnp.where(top == -jnp.inf, 0.0, top)        # no key at all: weights 0
+            w_k, w_t = jnp.exp2(m - top), jnp.exp2(m_t - top)
+            den = w_k * l_tot + w_t * l_t
+            inv = 1.0 / jnp.where(den > 0, den, 1.0)
+            c_k = lax.broadcast_in_dim(w_k * inv, (BLOCK_Q, 64), [0])
+            c_t = lax.broadcast_in_dim(w_t * inv, (BLOCK_Q, 64), [0])
+            for j in range(half // 64):
+                out_cols = pl.ds(w * half + j * 64, 64)
+                o_t = plmg.load(ot_ref.at[s, rows_here, out_cols], (), layout=plmg.Layout.WGMMA,
+                                optimized=False)
+                o = acc[:, j * 64:(j + 1) * 64] * c_k + o_t * c_t
+                o_ref[s, rows_here, out_cols] = o.astype(o_ref.dtype)
             if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (just above)
-                stat_smem[2] = m + jnp.log2(l_tot)
+                stat_smem[2] = top + jnp.log2(den)
                 plmg.commit_smem()
                 plmg.copy_smem_to_gmem(stat_smem.at[2], lse_ref.at[s, pl.ds(r0, BLOCK_Q)])
                 plmg.wait_smem_to_gmem(0)
@@ -224,10 +241,11 @@ def context_attention(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 
         # would not fit beside Q and two 576-wide key tiles.
         compiler_params=plmg.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
     )
-    return kernel(q, kv, pairs.astype(jnp.int32))
+    return kernel(q, kv, pairs.astype(jnp.int32), o_tail.astype(jnp.float32), m_tail.astype(jnp.float32),
+                  l_tail.astype(jnp.float32))
 
 
-def context_attention_xla(q, kv, pairs, *, scale: float, v_dim: int, cluster: int = 1):
+def context_attention_xla(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1):
     """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
     around the kernel."""
     del cluster
@@ -238,10 +256,9 @@ def context_attention_xla(q, kv, pairs, *, scale: float, v_dim: int, cluster: in
     st = jnp.where(seen[:, None, :], st, -jnp.inf)
     m = st.max(axis=-1)
     p = jnp.exp2(st - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
-    l = p.sum(axis=-1)
     o = jnp.einsum("srn,snv->srv", p, kv[..., :v_dim].astype(jnp.float32))
-    o = o / jnp.where(l > 0, l, 1.0)[..., None]
-    return o.astype(q.dtype), m + jnp.log2(l)
+    out, lse = _merge(o, m, p.sum(axis=-1), o_tail, m_tail, l_tail)
+    return out.astype(q.dtype), lse
 
 
 def _tail(q, kv, ctx_lens, visible, start, *, scale, v_dim, node_of_row):
@@ -269,16 +286,15 @@ def _tail(q, kv, ctx_lens, visible, start, *, scale, v_dim, node_of_row):
     return o, m, p.sum(axis=-1)
 
 
-def _merge(o_ctx, lse_ctx, o_tail, m_tail, l_tail):
-    """Softmax over the union of the two key sets from each part's (normalised O, lse) and
-    (unnormalised O, max, sum); rows that see no key at all give zeros."""
-    top = jnp.maximum(lse_ctx, m_tail)
+def _merge(o_a, m_a, l_a, o_b, m_b, l_b):
+    """Softmax over the union of two key sets, each given as (unnormalised O, row max, row sum)
+    in log2 units -> (normalised O, lse2); rows that see no key at all give zeros and -inf."""
+    top = jnp.maximum(m_a, m_b)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    w_ctx = jnp.exp2(lse_ctx - top)                       # 0 where the context part is empty
-    w_tail = jnp.exp2(m_tail - top)
-    num = w_ctx[..., None] * o_ctx.astype(jnp.float32) + w_tail[..., None] * o_tail
-    den = w_ctx + w_tail * l_tail
-    return num / jnp.where(den > 0, den, 1.0)[..., None]
+    w_a, w_b = jnp.exp2(m_a - top), jnp.exp2(m_b - top)  # 0 for an empty part
+    den = w_a * l_a + w_b * l_b
+    out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / jnp.where(den > 0, den, 1.0)[..., None]
+    return out, top + jnp.log2(den)
 
 
 def cluster_size(rows: int) -> int:
@@ -307,15 +323,42 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     # count off a multiple of 8, or below 128, costs one padded copy.
     pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
     kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
-    o_ctx, lse_ctx = context(q_pad, kv_k, pairs, scale=scale, v_dim=v_dim, cluster=cluster_size(padded))
-
     t = jnp.arange(num_q)
     words = lax.bitcast_convert_type(node_mask, jnp.uint32)[:, :, t // 32]
     visible = ((words >> (t % 32).astype(jnp.uint32)) & 1).astype(bool)               # [S, Q, Q]
-    o_tail, m_tail, l_tail = _tail(q_rows, kv, ctx_lens.astype(jnp.int32), visible, pairs * PAIR,
-                                   scale=scale, v_dim=v_dim, node_of_row=node_of_row)
-    out = _merge(o_ctx[:, :rows], lse_ctx[:, :rows], o_tail, m_tail, l_tail)
-    return out.reshape(num_s, a, b, v_dim).astype(q.dtype)
+    # The tail runs on the padded rows too (their node: 0), so its parts need no padded copy.
+    tail = _tail(q_pad, kv, ctx_lens.astype(jnp.int32), visible, pairs * PAIR, scale=scale, v_dim=v_dim,
+                 node_of_row=np.pad(node_of_row, (0, padded - rows)))
+    out, _ = context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster_size(padded))
+    return out[:, :rows].reshape(num_s, a, b, v_dim)
+
+
+def is_hopper() -> bool:
+    """Whether the default device is a Hopper GPU (compute capability 9.x: wgmma, TMA, clusters)."""
+    dev = jax.devices()[0]
+    return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9.")
+
+
+# CTAs (64 query rows of one stream each) from which impl="auto" takes this kernel: on the H200
+# (session 19, BENCHMARKS.md issue 5) it beat two-pass Pallas:Triton at every measured shape with
+# 128 or more (1.2-1.4x) and lost with fewer (64: 0.96x; 16: 0.43x), where one CTA per 64 rows
+# leaves SMs idle and two-pass splits the context.
+AUTO_MIN_CTAS = 128
+
+
+@registry.chooser("mla_attention")
+def choose(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
+           q_rope=None) -> str:
+    """impl="auto" on a GPU: "mosaic_gpu" on Hopper when it supports the shapes and its CTAs
+    (S * ceil(Q * H / 64)) reach AUTO_MIN_CTAS, else "pallas_triton"."""
+    del ctx_lens, node_mask, scale, heads_first
+    num_s, a, b, dk = q.shape
+    dk += 0 if q_rope is None else q_rope.shape[-1]
+    ctas = num_s * -(-(a * b) // BLOCK_Q)
+    if is_hopper() and ctas >= AUTO_MIN_CTAS and supported(a * b, dk, v_dim, q.dtype) is None \
+            and kv.dtype == q.dtype:
+        return "mosaic_gpu"
+    return "pallas_triton"
 
 
 @registry.register("mla_attention", "mosaic_gpu")
@@ -327,5 +370,7 @@ def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                          "has no CPU interpreter for this kernel); use 'xla' or 'pallas_triton'")
     if why := supported(q.shape[1] * q.shape[2], dk, v_dim, q.dtype):
         raise ValueError(f"mla_attention impl 'mosaic_gpu': {why}")
+    if kv.dtype != q.dtype:
+        raise ValueError(f"mla_attention impl 'mosaic_gpu': kv dtype {kv.dtype} must equal q's {q.dtype}")
     return mla_attention_mosaic(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
                                 heads_first=heads_first, q_rope=q_rope)
