@@ -396,9 +396,11 @@ MOSAIC_CASES = [  # (seed, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart):
 
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"seed{c[0]}")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_mosaic_parts_around_the_kernel(case, dtype):
+@pytest.mark.parametrize("splits", [None, 3])
+def test_mosaic_parts_around_the_kernel(case, dtype, splits):
     """mosaic_gpu's split (whole 128-key pairs to the kernel, the rest of the context and the tree
-    in XLA, merged by log-sum-exp), with the kernel replaced by its XLA twin: equals the golden."""
+    in XLA, merged by log-sum-exp), with the kernel replaced by its XLA twin: equals the golden;
+    splits=3: each stream's pairs also split into 3 runs (some empty) merged by combine_splits."""
     seed, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
     q, kv, ctx_lens, node_mask, _ = make_case(seed, num_s, num_q, num_h, dk, v_dim, n, ctx,
                                               ["bushy", "chain", "star"], dtype)
@@ -406,7 +408,8 @@ def test_mosaic_parts_around_the_kernel(case, dtype):
     kw = dict(q_rope=lay(q[..., v_dim:])) if apart else {}
     qq = lay(q[..., :v_dim]) if apart else lay(q)
     out = mosaic_gpu.mla_attention_mosaic(qq, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim,
-                                          heads_first=heads_first, context=mosaic_gpu.context_attention_xla, **kw)
+                                          heads_first=heads_first, context=mosaic_gpu.context_attention_xla,
+                                          splits=splits, **kw)
     assert out.dtype == dtype
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim)
     assert_close(lay(out), ref, TOL[dtype], f"mosaic parts seed {seed}")
@@ -442,6 +445,15 @@ def test_registry_auto_dispatches_by_shape(monkeypatch):
     fn = registry.get("test_op", "auto")
     assert (fn(5), fn(0)) == ("mosaic_gpu", "pallas_triton")
     assert registry.get("test_op", "xla")(5) == "xla"              # a named impl bypasses the chooser
+
+
+def test_mosaic_split_count():
+    """Runs per stream: none while the row blocks fill the 132 SMs; else enough to fill them once,
+    each of at least 4 pairs (512 keys) of the cache."""
+    assert mosaic_gpu.split_count(132, 1 << 20) == 1 and mosaic_gpu.split_count(4096, 1 << 20) == 1
+    assert mosaic_gpu.split_count(16, 32776) == 9          # ceil(132 / 16)
+    assert mosaic_gpu.split_count(1, 8200) == 16           # 8200 slots: 16 runs of 4 pairs at most
+    assert mosaic_gpu.split_count(4, 300) == 1             # fewer than 4 pairs in the cache
 
 
 def test_mosaic_supported_says_why():
@@ -484,13 +496,14 @@ def test_gpu_mosaic_k2_shapes(case):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="Pallas Mosaic GPU kernel: Hopper GPU only")
-@pytest.mark.parametrize("rows,cluster,counts", [(128, 2, [0, 1, 7, 64]), (192, 1, [0, 1, 7, 64]),
-                                                 (128, 2, [7] * 4), (192, 1, [0] * 4)])
-def test_gpu_mosaic_context_kernel(rows, cluster, counts):
+@pytest.mark.parametrize("rows,cluster,counts,splits", [(128, 2, [0, 1, 7, 64], 1), (192, 1, [0, 1, 7, 64], 1),
+                                                        (128, 2, [7] * 4, 1), (192, 1, [0] * 4, 1),
+                                                        (128, 2, [0, 1, 7, 64], 3), (64, 1, [0, 2, 9, 64], 5)])
+def test_gpu_mosaic_context_kernel(rows, cluster, counts, splits):
     """The kernel alone against its XLA twin: O and lse for 0 to 64 pairs merged with a random
     tail (every other row of streams 0 and 2 with no tail keys, so stream 0's rows with neither
     give zeros and -inf), every element (NaN-filled inputs run first, so buffers it fails to
-    write would hold stale NaN)."""
+    write would hold stale NaN); splits > 1: each run's part (some runs empty), then merged."""
     pairs = jnp.asarray(counts, jnp.int32)
     rng = np.random.default_rng(rows)
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
@@ -501,12 +514,15 @@ def test_gpu_mosaic_context_kernel(rows, cluster, counts):
     l_t = jnp.asarray(np.where(empty, 0.0, rng.uniform(1, 50, (4, rows))), jnp.float32)
     o_t = jnp.asarray(np.where(empty[..., None], 0.0, rng.standard_normal((4, rows, 512)) * 10), jnp.float32)
     run = jax.jit(lambda q, kv, o_t: mosaic_gpu.context_attention(q, kv, pairs, o_t, m_t, l_t, scale=0.04,
-                                                                  v_dim=512, cluster=cluster))
+                                                                  v_dim=512, cluster=cluster, splits=splits))
     jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan), jnp.full_like(o_t, jnp.nan)))
     o, lse = run(q, kv, o_t)
     o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,
-                                                      o_t, m_t, l_t, scale=0.04, v_dim=512)
+                                                      o_t, m_t, l_t, scale=0.04, v_dim=512, splits=splits)
     assert_close(o, o_ref, TOL[jnp.bfloat16], "context O")
+    if splits > 1:
+        assert_close(mosaic_gpu.combine_splits(o, lse), mosaic_gpu.combine_splits(o_ref, lse_ref),
+                     TOL[jnp.bfloat16], "merged runs")
     np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
     seen = np.isfinite(np.asarray(lse_ref))
     np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)

@@ -3,9 +3,10 @@
 The kernel (`context_attention`) covers each stream's whole 128-key context pairs; the rest of
 the keys (the partial last pair and the Q tree tokens under the ancestor bitmask, at most
 127 + Q per stream) are attended first in XLA (`_tail`), and the kernel merges that part (its
-unnormalised O, row max and row sum) into its own before it normalises and writes O. Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at
-Kimi-K2 width) and walks the context in 64-key tiles; the latent tile serves as K (all Dk
-channels) and as V (its first v_dim). Three warpgroups:
+unnormalised O, row max and row sum) into its own before it normalises and writes O.
+Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at Kimi-K2
+width) and walks the context in 64-key tiles; the latent tile serves as K (all Dk channels) and
+as V (its first v_dim). Three warpgroups:
 - a producer streams the key tiles by TMA into a two-slot ring (Q plus two 576-wide tiles fill
   shared memory);
 - two consumers each own half of the [64, v_dim] float32 output accumulator (64 x 256 at K2) and
@@ -16,13 +17,18 @@ channels) and as V (its first v_dim). Three warpgroups:
 CTAs of consecutive row blocks of one stream run as a cluster whose key slots refill only when
 every CTA has consumed them, so they read each key tile from L2 at about the same time.
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
+With too few row blocks to fill the GPU (one stream with a small tree, plain decode), each
+stream's pairs are split into runs, one CTA each, whose parts XLA merges (`split_count`,
+`combine_splits`; flash-decoding).
 
-Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, session 19): the kernel alone runs at 575-618
-TFLOP/s at ctx 8k-32k, Q 16-256, S 8-16, with no register spills; the whole operation is 1.2-1.4x
-faster than two-pass Pallas:Triton wherever it has 128 or more CTAs, and impl="auto" takes it
-there on a Hopper GPU (`choose`). With fewer CTAs (one stream with a small tree, plain decode)
-two-pass or the decode kernel is faster: this kernel has no context split. Off the GPU the registered function refuses (Mosaic GPU's CPU interpreter does not run this
-kernel); `context_attention_xla` stands in for the kernel in the CPU tests of the rest.
+Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, session 19): the kernel alone runs at 562-599
+TFLOP/s at ctx 8k-32k, Q 16-256, S 8-16, with no register spills; the whole operation is
+1.21-1.60x faster than two-pass Pallas:Triton wherever it has 128 or more CTAs, and impl="auto"
+takes it there on a Hopper GPU (`choose`). With fewer CTAs two-pass or the decode kernel was
+faster, before the context split; the split form is lowered for CUDA and tested against its
+twin on the CPU, but has not yet run on a GPU. Off the GPU the registered function refuses
+(Mosaic GPU's CPU interpreter does not run this kernel); `context_attention_xla` stands in for
+the kernel in the CPU tests of the rest.
 """
 
 from __future__ import annotations
@@ -54,14 +60,19 @@ def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
     return None
 
 
-def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1):
+def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1,
+                      splits: int = 1):
     """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs [S] int32, and the rest of each row's
     keys already attended: o_tail [S, R, v_dim] float32 (unnormalised), m_tail, l_tail [S, R]
     float32 (row max and row sum, log2 units; -inf and 0 for no keys) ->
     (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of every row of stream s over
     keys 0 .. 128 * pairs[s] together with the tail's keys; O normalised by the row sum, lse2 =
     log2 of the sum of exp2(scale * log2(e) * q.k) over both (-inf and O = 0 where a row has no
-    key). R a multiple of 64 * cluster; 128 * pairs[s] <= N."""
+    key). R a multiple of 64 * cluster; 128 * pairs[s] <= N.
+    splits > 1 splits each stream's pairs into `splits` runs of ceil(pairs[s] / splits), one CTA
+    each (flash-decoding, for shapes with too few row blocks to fill the GPU), and returns each
+    run's part: (O [splits, S, R, v_dim] float32, lse2 [splits, S, R]); run 0 includes the tail.
+    `combine_splits` merges them."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -69,6 +80,8 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
     half = v_dim // 2
     if (why := supported(rows, dk, v_dim, q.dtype)) or rows % (BLOCK_Q * cluster):
         raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
+    if splits < 1:
+        raise ValueError(f"context_attention: splits must be >= 1; got {splits}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
 
@@ -80,11 +93,20 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
         if cluster > 1:     # the CTAs of a cluster: consecutive row blocks of one stream
             block = block * cluster + lax.axis_index("cluster")
         r0 = block * BLOCK_Q
-        num_pairs = pairs_ref[s]
         wg = lax.axis_index("wg")
+        if splits > 1:      # this CTA's run of pairs: first .. first + num_pairs
+            split = lax.axis_index("split")
+            per = lax.div(pairs_ref[s] + (splits - 1), splits)
+            first = split * per
+            num_pairs = jnp.maximum(jnp.minimum(pairs_ref[s] - first, per), 0)
 
-        def tile_keys(j):
-            return kv_ref.at[s, pl.ds(j * BLOCK_K, BLOCK_K)]
+            def tile_keys(j):
+                return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
+        else:
+            num_pairs = pairs_ref[s]
+
+            def tile_keys(j):
+                return kv_ref.at[s, pl.ds(j * BLOCK_K, BLOCK_K)]
 
         @pl.when(wg == 2)
         def _producer():
@@ -180,29 +202,49 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
             plmg.barrier_arrive(l_bar)
             plmg.barrier_wait(l_bar)
             l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
-            # Merge with the tail's keys (as _merge does), then write O 64 columns at a time:
-            # the tail's float32 O comes from global memory beside the accumulator's registers.
             rows_here = pl.ds(r0, BLOCK_Q)
-            m_t = plmg.load(mt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
-            l_t = plmg.load(lt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
-            top = jnp.maximum(m, m_t)
-            top = jnp.where(top == -jnp.inf, 0.0, top)        # no key at all: weights 0
-            w_k, w_t = jnp.exp2(m - top), jnp.exp2(m_t - top)
-            den = w_k * l_tot + w_t * l_t
-            inv = 1.0 / jnp.where(den > 0, den, 1.0)
-            c_k = lax.broadcast_in_dim(w_k * inv, (BLOCK_Q, 64), [0])
-            c_t = lax.broadcast_in_dim(w_t * inv, (BLOCK_Q, 64), [0])
-            for j in range(half // 64):
-                out_cols = pl.ds(w * half + j * 64, 64)
-                o_t = plmg.load(ot_ref.at[s, rows_here, out_cols], (), layout=plmg.Layout.WGMMA,
-                                optimized=False)
-                o = acc[:, j * 64:(j + 1) * 64] * c_k + o_t * c_t
-                o_ref[s, rows_here, out_cols] = o.astype(o_ref.dtype)
-            if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (just above)
-                stat_smem[2] = top + jnp.log2(den)
-                plmg.commit_smem()
-                plmg.copy_smem_to_gmem(stat_smem.at[2], lse_ref.at[s, pl.ds(r0, BLOCK_Q)])
-                plmg.wait_smem_to_gmem(0)
+            out_at = (lambda cols_: o_ref.at[s, rows_here, cols_]) if splits == 1 else \
+                (lambda cols_: o_ref.at[split, s, rows_here, cols_])
+
+            def finish(with_tail: bool):
+                """Merge with the tail's keys (as _merge does), then write O 64 columns at a time:
+                the tail's float32 O comes from global memory beside the accumulator's registers."""
+                if with_tail:
+                    m_t = plmg.load(mt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
+                    l_t = plmg.load(lt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
+                    top = jnp.maximum(m, m_t)
+                else:
+                    top = m
+                top = jnp.where(top == -jnp.inf, 0.0, top)        # no key at all: weights 0
+                w_k = jnp.exp2(m - top)
+                den = w_k * l_tot
+                if with_tail:
+                    w_t = jnp.exp2(m_t - top)
+                    den = den + w_t * l_t
+                inv = 1.0 / jnp.where(den > 0, den, 1.0)
+                c_k = lax.broadcast_in_dim(w_k * inv, (BLOCK_Q, 64), [0])
+                if with_tail:
+                    c_t = lax.broadcast_in_dim(w_t * inv, (BLOCK_Q, 64), [0])
+                for j in range(half // 64):
+                    out_cols = pl.ds(w * half + j * 64, 64)
+                    o = acc[:, j * 64:(j + 1) * 64] * c_k
+                    if with_tail:
+                        o_t = plmg.load(ot_ref.at[s, rows_here, out_cols], (), layout=plmg.Layout.WGMMA,
+                                        optimized=False)
+                        o = o + o_t * c_t
+                    out_at(out_cols)[...] = o.astype(o_ref.dtype)
+                if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
+                    stat_smem[2] = top + jnp.log2(den)
+                    plmg.commit_smem()
+                    lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
+                    plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
+                    plmg.wait_smem_to_gmem(0)
+
+            if splits == 1:
+                finish(True)
+            else:       # the tail belongs to run 0 only
+                pl.when(split == 0)(lambda: finish(True))
+                pl.when(split != 0)(lambda: finish(False))
             if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
                 plmg.barrier_arrive(done)
                 plmg.barrier_wait(done)
@@ -231,11 +273,18 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
     if cluster > 1:
         scratch["done"] = plmg.ClusterBarrier(collective_axes=("cluster",), num_arrivals=2)
         mesh = dict(cluster=(cluster,), cluster_names=("cluster",))
+    if splits == 1:
+        out_type = (jax.ShapeDtypeStruct((num_s, rows, v_dim), q.dtype),
+                    jax.ShapeDtypeStruct((num_s, rows), jnp.float32))
+        grid, grid_names = (rows // BLOCK_Q // cluster, num_s), ("rows", "stream")
+    else:
+        out_type = (jax.ShapeDtypeStruct((splits, num_s, rows, v_dim), jnp.float32),
+                    jax.ShapeDtypeStruct((splits, num_s, rows), jnp.float32))
+        grid, grid_names = (rows // BLOCK_Q // cluster, num_s, splits), ("rows", "stream", "split")
     kernel = plmg.kernel(
         body,
-        out_type=(jax.ShapeDtypeStruct((num_s, rows, v_dim), q.dtype),
-                  jax.ShapeDtypeStruct((num_s, rows), jnp.float32)),
-        grid=(rows // BLOCK_Q // cluster, num_s), grid_names=("rows", "stream"), **mesh,
+        out_type=out_type,
+        grid=grid, grid_names=grid_names, **mesh,
         num_threads=3, thread_name="wg", scratch_types=scratch,
         # The WGMMA layout's row reductions stay within a warp: no reduction scratch, which
         # would not fit beside Q and two 576-wide key tiles.
@@ -245,20 +294,42 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
                   l_tail.astype(jnp.float32))
 
 
-def context_attention_xla(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1):
+def context_attention_xla(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1,
+                          splits: int = 1):
     """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
     around the kernel."""
     del cluster
     c = scale * math.log2(math.e)
     keys = jnp.arange(kv.shape[1])
-    seen = keys[None, :] < (PAIR * pairs)[:, None]                                  # [S, N]
     st = jnp.einsum("srd,snd->srn", q, kv, preferred_element_type=jnp.float32) * c
-    st = jnp.where(seen[:, None, :], st, -jnp.inf)
-    m = st.max(axis=-1)
-    p = jnp.exp2(st - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
-    o = jnp.einsum("srn,snv->srv", p, kv[..., :v_dim].astype(jnp.float32))
-    out, lse = _merge(o, m, p.sum(axis=-1), o_tail, m_tail, l_tail)
-    return out.astype(q.dtype), lse
+    per = -(-pairs // splits)
+    parts = []
+    for k in range(splits):
+        first = jnp.minimum(k * per, pairs)
+        last = jnp.minimum(first + per, pairs)
+        seen = (keys[None, :] >= (PAIR * first)[:, None]) & (keys[None, :] < (PAIR * last)[:, None])   # [S, N]
+        sk = jnp.where(seen[:, None, :], st, -jnp.inf)
+        m = sk.max(axis=-1)
+        p = jnp.exp2(sk - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
+        o = jnp.einsum("srn,snv->srv", p, kv[..., :v_dim].astype(jnp.float32))
+        if k == 0:
+            parts.append(_merge(o, m, p.sum(axis=-1), o_tail, m_tail, l_tail))
+        else:
+            parts.append(_merge(o, m, p.sum(axis=-1), jnp.zeros_like(o), jnp.full_like(m, -jnp.inf),
+                                jnp.zeros_like(m)))
+    if splits == 1:
+        out, lse = parts[0]
+        return out.astype(q.dtype), lse
+    return jnp.stack([o for o, _ in parts]), jnp.stack([lse for _, lse in parts])
+
+
+def combine_splits(o, lse):
+    """The parts of `context_attention(..., splits > 1)`, O [K, S, R, v] float32 and lse2
+    [K, S, R], merged by their log-sum-exp -> O [S, R, v] float32 (zeros where no part saw a key)."""
+    top = lse.max(axis=0)
+    w = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))                       # 0 for empty parts
+    den = w.sum(axis=0)
+    return (w[..., None] * o).sum(axis=0) / jnp.where(den > 0, den, 1.0)[..., None]
 
 
 def _tail(q, kv, ctx_lens, visible, start, *, scale, v_dim, node_of_row):
@@ -302,12 +373,27 @@ def cluster_size(rows: int) -> int:
     return 2 if rows % (2 * BLOCK_Q) == 0 else 1
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context"))
+FILL_CTAS = 132     # SMs of an H100 / H200 SXM
+MIN_SPLIT_PAIRS = 4  # pairs (512 keys) per run at least, so the extra merge stays small
+
+
+def split_count(ctas: int, slots: int) -> int:
+    """Runs each stream's context is split into (`context_attention(splits=)`): 1 when the row
+    blocks' CTAs fill the GPU's SMs, else enough runs to fill them once, each of at least
+    MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. (Not yet timed on a GPU: BENCHMARKS.md, issue 5.)"""
+    if ctas >= FILL_CTAS:
+        return 1
+    return max(1, min(-(-FILL_CTAS // ctas), slots // (PAIR * MIN_SPLIT_PAIRS)))
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits"))
 def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                         heads_first: bool = False, q_rope=None, context=context_attention):
+                         heads_first: bool = False, q_rope=None, context=context_attention,
+                         splits: int | None = None):
     """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
     node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
-    context: the whole-pairs part (the kernel; its XLA twin in CPU tests)."""
+    context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
+    stream's context is split into (None: `split_count`'s rule)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     num_s, a, b, dk = q.shape
@@ -329,7 +415,14 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     # The tail runs on the padded rows too (their node: 0), so its parts need no padded copy.
     tail = _tail(q_pad, kv, ctx_lens.astype(jnp.int32), visible, pairs * PAIR, scale=scale, v_dim=v_dim,
                  node_of_row=np.pad(node_of_row, (0, padded - rows)))
-    out, _ = context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster_size(padded))
+    cluster = cluster_size(padded)
+    if splits is None:
+        splits = split_count(num_s * padded // BLOCK_Q, kv_k.shape[1])
+    if splits == 1:
+        out, _ = context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster)
+    else:       # too few row blocks to fill the GPU: split the context, merge the runs here
+        out = combine_splits(*context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster,
+                                      splits=splits)).astype(q.dtype)
     return out[:, :rows].reshape(num_s, a, b, v_dim)
 
 
