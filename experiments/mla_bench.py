@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import registry
 from pallas_kernels.mla_attention import mosaic_gpu, pallas_triton, two_pass, visibility_to_mask, xla
 from pallas_kernels.mla_attention.reference import mla_attention_reference
 
@@ -46,7 +47,8 @@ flags.DEFINE_list("configs", ["auto"],
                   "'tpMxNxWxS-MxVxKxWxS' (scores GEMM, "
                   "P @ V GEMM); first = baseline")
 flags.DEFINE_list("impls", ["pallas_triton", "xla"],
-                  "implementations to time: pallas_triton (with --configs), mosaic_gpu, xla")
+                  "implementations to time: pallas_triton (with --configs), mosaic_gpu, xla, and auto "
+                  "(what impl=\"auto\" runs: registry.get(\"mla_attention\", \"auto\"), its shape rule included)")
 flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
@@ -123,12 +125,12 @@ def golden_check(heads, dk, v_dim, configs, impls=("pallas_triton", "xla")) -> d
     scale = dk ** -0.5
     ref = mla_attention_reference(q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim)
     errs = {"xla": _rel(xla.mla_attention_xla(q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim), ref)}
-    if "mosaic_gpu" in impls:
+    extra = {"mosaic_gpu": mosaic_gpu.mla_attention_mosaic, "auto": registry.get("mla_attention", "auto")}
+    for name in (n for n in extra if n in impls):
         try:
-            errs["mosaic_gpu"] = _rel(mosaic_gpu.mla_attention_mosaic(q, kv, ctx_lens, mask, scale=scale,
-                                                                      v_dim=v_dim), ref)
+            errs[name] = _rel(extra[name](q, kv, ctx_lens, mask, scale=scale, v_dim=v_dim), ref)
         except Exception as e:  # report and go on
-            errs["mosaic_gpu"] = f"{type(e).__name__}: {_short(e)}"
+            errs[name] = f"{type(e).__name__}: {_short(e)}"
     for name, cfg in configs.items():
         for splits in ((1, 5) if isinstance(cfg, pallas_triton.BlockConfig) else (None,)):   # auto, two-pass: as is
             cfg_s = dataclasses.replace(cfg, num_splits=splits) if splits else cfg
@@ -229,6 +231,9 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                 if "mosaic_gpu" in impls:
                     fns["mosaic_gpu"] = jax.jit(
                         lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim))
+                if "auto" in impls:
+                    auto = registry.get("mla_attention", "auto")
+                    fns["auto"] = jax.jit(lambda *a: auto(*a, scale=scale, v_dim=v_dim))
                 ref = fns["xla"](*args[0]) if "xla" in fns else None
                 if any(name != "xla" for name in fns):
                     gold_idx, gold = golden_slice(args[0], scale, v_dim)
@@ -274,7 +279,7 @@ def _fmt(r: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one line per shape, the best of the kernels (pallas configs, mosaic_gpu) vs xla."""
+    """Markdown: one line per shape, the best of the kernels (pallas configs, mosaic_gpu, auto) vs xla."""
     out = ["| ctx | Q | S | GFLOP | MB | floor ms | best ms | % floor | xla ms | speedup | kernel |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     shapes = sorted({(r["ctx"], r["q"], r["s"]) for r in rows})

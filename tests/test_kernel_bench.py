@@ -44,12 +44,12 @@ from pallas_kernels.mla_attention import two_pass
 tp = two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2)
 rows = mla_bench.run_mla_bench([70], [5], [2], heads=2, dk=48, v_dim=32, configs={'auto': None, tp.name: tp},
                                ceilings={'copy_tbps': 1.0, 'matmul_tflops_xla': 1.0, 'matmul_tflops_torch': 1.0},
-                               parts=True, log=lambda _: None)
+                               parts=True, impls=('pallas_triton', 'xla', 'auto'), log=lambda _: None)
 by = {r['impl']: r for r in rows}
-assert set(by) == {'xla', 'pallas auto', 'pallas ' + tp.name}, set(by)
+assert set(by) == {'xla', 'pallas auto', 'pallas ' + tp.name, 'auto'}, set(by)
 for r in rows:
     assert 'error' not in r and r['ms'] > 0, r
-for name in ('pallas auto', 'pallas ' + tp.name):
+for name in ('pallas auto', 'pallas ' + tp.name, 'auto'):    # 'auto': impl="auto", here the xla path
     assert by[name]['rel_err_golden'] < 1e-2 and by[name]['rel_err_vs_xla'] < 1e-2, by[name]
 assert by['pallas ' + tp.name]['scores_ms'] > 0 and by['pallas ' + tp.name]['pv_ms'] > 0
 assert 'scores_ms' not in by['pallas auto']          # small shapes: the one-pass kernel, no parts
@@ -60,7 +60,7 @@ print('ok')
 
 def test_mla_bench_runs_on_the_cpu():
     """experiments/mla_bench.py's sweep (interpret mode, given ceilings): golden-checked rows for the
-    auto and a two-pass config, each pass of the two-pass one timed alone."""
+    auto and a two-pass config, each pass of the two-pass one timed alone, and impl="auto"."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", MLA_CHECK], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
