@@ -475,6 +475,7 @@ MOSAIC_GPU_CASES = [  # (seed, S, Q, H, N, ctx): K2 widths, bf16
     (32, 3, 16, 64, 8300, [8192, 130, 127]),     # clusters of two; N % 8 != 0 (padded copy)
     (33, 1, 4, 64, 9010, [8999]),
     (34, 2, 70, 4, 1500, [0, 1400]),             # 280 rows, padded to 320
+    (35, 4, 40, 64, 2100, [2000, 1000, 0, 1500]),  # 160 CTAs: the context not split (the others are)
 ]
 
 
