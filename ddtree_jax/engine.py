@@ -370,7 +370,7 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
         raise ValueError(f"prompt token ids must lie in [0, {tcfg.vocab_size})")
     needed = int((lengths + max_new).max()) + plan.nodes
     if max_len is None:
-        max_len = needed
+        max_len = tgt.aligned_slots(needed)
     elif needed > max_len:
         raise ValueError(f"prompts longer than the cache: longest prompt + max_new_tokens + "
                          f"{plan.nodes} verify slots = {needed} > max_len = {max_len}")
@@ -410,11 +410,11 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     stream; max_new_tokens: one int or one per stream; stop_tokens end a stream (the stop token is
     emitted); temperature 0 is greedy, otherwise tokens are sampled from the target's distribution
     (optionally top-k / top-p truncated). max_len: target cache slots per stream (default: just
-    enough). attn_impl, moe_impl: the target's kernel implementations ("auto": by backend);
-    topk_impl: the tree's (the top-K, the search, and the accept walk with the cache compaction,
-    "tree_accept"); drafter_attn_impl: the drafter's projection and attention (likewise:
-    "pallas_triton" on a GPU). `stage_times` are per-step seconds of the separately jitted stages
-    (0 reps: skipped).
+    enough, rounded up to model.CACHE_SLOT_ALIGN). attn_impl, moe_impl: the target's kernel
+    implementations ("auto": by backend); topk_impl: the tree's (the top-K, the search, and the
+    accept walk with the cache compaction, "tree_accept"); drafter_attn_impl: the drafter's
+    projection and attention (likewise: "pallas_triton" on a GPU). `stage_times` are per-step
+    seconds of the separately jitted stages (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
     steps_per_call: engine steps per dispatch of the compiled step (see `decode`), or between the

@@ -98,8 +98,9 @@ class Workload:
 
     @property
     def max_len(self) -> int:
-        """Cache slots per stream: context + the budget + 1 slots a verify step writes (engine.setup)."""
-        return self.context + self.budget + 1
+        """Cache slots per stream: context + the budget + 1 slots a verify step writes, rounded up
+        to model.CACHE_SLOT_ALIGN (as engine.setup allocates)."""
+        return tgt.aligned_slots(self.context + self.budget + 1)
 
 
 def abstract_mesh(shape: Sequence[int]) -> AbstractMesh:

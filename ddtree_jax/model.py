@@ -100,6 +100,17 @@ class LatentCache:
         return self.kv[0].shape[1]
 
 
+# Cache slots per stream are allocated in multiples of this: the Mosaic GPU attention kernel reads
+# the cache with TMA in (8, 64) tiles, and any other slot count costs it a padded copy of the whole
+# cache on every call (0.3 ms per K2 layer at 32k context, 16 streams: BENCHMARKS.md, issue 5).
+CACHE_SLOT_ALIGN = 8
+
+
+def aligned_slots(slots: int) -> int:
+    """`slots` rounded up to a multiple of CACHE_SLOT_ALIGN."""
+    return -(-slots // CACHE_SLOT_ALIGN) * CACHE_SLOT_ALIGN
+
+
 def init_cache(cfg: ModelConfig, streams: int, max_len: int, dtype=jnp.float32) -> LatentCache:
     """An empty cache of `max_len` slots per stream."""
     kv = tuple(jnp.zeros((streams, max_len, cfg.latent_dim), dtype) for _ in range(cfg.num_hidden_layers))

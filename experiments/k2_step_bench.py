@@ -16,7 +16,7 @@ routed experts with --int4) and a DFlash drafter sized by `DrafterConfig.for_tar
 drawn leaf by leaf straight into their shards. Per device count n: a mesh of the first n devices
 with n along --axis ("tensor": routed experts, heads, MLP width and vocabulary split n ways;
 "expert": only the routed experts). Per (n, budget B, streams S), each stream's caches hold
---context tokens (cache slots per stream: context + largest budget + 1):
+--context tokens (cache slots per stream: context + largest budget + 1, aligned to 8):
 
   stages  the engine's stage functions, each jitted on its own: draft (engine.stage_draft), tree
           (stage_tree), verify (stage_verify: S (B+1) tokens through every layer, tapping the

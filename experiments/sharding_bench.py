@@ -26,6 +26,7 @@ from absl import app, flags
 import ddtree_jax as dj
 from ddtree_jax import sharding
 from ddtree_jax.bench_util import median_seconds
+from ddtree_jax.model import aligned_slots
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "k2_slice", "ModelConfig preset")
@@ -54,7 +55,7 @@ def _inputs(cfg, taps, streams: int, budget: int, dtype, seed: int = 0):
     root = jnp.asarray(rng.integers(0, cfg.vocab_size, (streams, 1)), jnp.int32)
     tokens = jnp.concatenate([root, tree.tokens], axis=1)
     positions = FLAGS.context + jnp.concatenate([jnp.zeros_like(root), tree.depths], axis=1)
-    cache = dj.init_cache(cfg, streams, FLAGS.context + budget + 1, dtype)
+    cache = dj.init_cache(cfg, streams, aligned_slots(FLAGS.context + budget + 1), dtype)
     cache = cache.replace(lengths=jnp.full((streams,), FLAGS.context, jnp.int32))
     return tokens, positions, cache, tree.visibility
 

@@ -44,11 +44,12 @@ from pallas_kernels.mla_attention import two_pass
 tp = two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2)
 rows = mla_bench.run_mla_bench([70], [5], [2], heads=2, dk=48, v_dim=32, configs={'auto': None, tp.name: tp},
                                ceilings={'copy_tbps': 1.0, 'matmul_tflops_xla': 1.0, 'matmul_tflops_torch': 1.0},
-                               parts=True, impls=('pallas_triton', 'xla', 'auto'), log=lambda _: None)
+                               parts=True, impls=('pallas_triton', 'xla', 'auto'), in_graph=True,
+                               log=lambda _: None)
 by = {r['impl']: r for r in rows}
 assert set(by) == {'xla', 'pallas auto', 'pallas ' + tp.name, 'auto'}, set(by)
 for r in rows:
-    assert 'error' not in r and r['ms'] > 0, r
+    assert 'error' not in r and r['ms'] > 0 and r['graph_ms'] > 0, r
 for name in ('pallas auto', 'pallas ' + tp.name, 'auto'):    # 'auto': impl="auto", here the xla path
     assert by[name]['rel_err_golden'] < 1e-2 and by[name]['rel_err_vs_xla'] < 1e-2, by[name]
 assert by['pallas ' + tp.name]['scores_ms'] > 0 and by['pallas ' + tp.name]['pv_ms'] > 0

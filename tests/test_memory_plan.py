@@ -39,8 +39,9 @@ def test_tiny_plan_by_hand():
     # fc 64x64 replicated, norms (q/k_norm 16, layer norms 64 x 2, final and hidden norm 64)
     assert p.drafter_params == bf * (2 * 64 * 32 + 2 * 64 * 8 + 3 * 64 * 96 + 64 * 64
                                      + 2 * 16 + 2 * 64 + 2 * 64)
-    # caches: 15 slots (10 + 4 + 1); latent 3 layers x [2, 15, 40]; drafter k, v [1, 2, 15, 1, 16]
-    assert p.caches == {"target_latent": 3 * 2 * 15 * 40 * bf, "drafter_kv": 2 * 2 * 15 * 16 * bf}
+    # caches: 16 slots (10 + 4 + 1 = 15, aligned to 8); latent 3 layers x [2, 16, 40]; drafter
+    # k, v [1, 2, 16, 1, 16]
+    assert p.caches == {"target_latent": 3 * 2 * 16 * 40 * bf, "drafter_kv": 2 * 2 * 16 * 16 * bf}
     t = 2 * 5                                                                         # local tokens
     a = p.activations
     assert a["residual"] == 3 * t * 64 * bf and a["taps"] == t * 64 * bf
@@ -62,7 +63,7 @@ def test_full_k2_on_8_h200():
     # 60 MoE layers x 384 experts x 3 x 7168 x 2048 weights: nibbles + bf16 group-32 scales, 1/8 each
     assert tp.params["routed_qweight"] == 60 * 384 * 3 * 7168 * 2048 // 2 // 8
     assert tp.params["routed_qscale"] == 60 * 384 * 3 * 7168 * 2048 // 32 * 2 // 8
-    assert tp.caches["target_latent"] == 61 * 16 * (4096 + 257) * 576 * 2          # replicated
+    assert tp.caches["target_latent"] == 61 * 16 * 4360 * 576 * 2     # 4096 + 257 slots, aligned; replicated
     assert tp.fits and plans[(1, 8, 1)].fits and not plans[(2, 1, 4)].fits
     assert tp.max_context > 4096
     smallest = mp.smallest_fit(K2, dj.DrafterConfig.for_target(K2), work)
