@@ -415,21 +415,21 @@ def test_mosaic_parts_around_the_kernel(case, dtype, splits):
     assert_close(lay(out), ref, TOL[dtype], f"mosaic parts seed {seed}")
 
 
-@pytest.mark.parametrize("hopper,shape,dtype,want", [
-    (True, (16, 16, 64), jnp.bfloat16, "mosaic_gpu"),     # 256 CTAs
-    (True, (2, 65, 64), jnp.bfloat16, "mosaic_gpu"),      # 2 x 65 = 130 CTAs: budget-64 verify
-    (True, (1, 65, 64), jnp.bfloat16, "pallas_triton"),   # 65 CTAs
-    (True, (16, 1, 64), jnp.bfloat16, "pallas_triton"),   # plain decode: 16 CTAs
-    (True, (16, 16, 64), jnp.float32, "pallas_triton"),   # the kernel takes bf16/f16 only
-    (False, (16, 16, 64), jnp.bfloat16, "pallas_triton"),  # not Hopper
+@pytest.mark.parametrize("hopper,shape,slots,dtype,want", [
+    (True, (16, 16, 64), 9000, jnp.bfloat16, "mosaic_gpu"),     # 256 CTAs
+    (True, (1, 65, 64), 9000, jnp.bfloat16, "mosaic_gpu"),      # 65 CTAs: the context is split
+    (True, (16, 1, 64), 32776, jnp.bfloat16, "mosaic_gpu"),     # plain decode: 16 CTAs, split
+    (True, (16, 16, 64), 1032, jnp.bfloat16, "pallas_triton"),  # a short cache
+    (True, (16, 16, 64), 9000, jnp.float32, "pallas_triton"),   # the kernel takes bf16/f16 only
+    (False, (16, 16, 64), 9000, jnp.bfloat16, "pallas_triton"),  # not Hopper
 ])
-def test_mosaic_auto_choice(monkeypatch, hopper, shape, dtype, want):
+def test_mosaic_auto_choice(monkeypatch, hopper, shape, slots, dtype, want):
     """impl="auto"'s shape rule for mla_attention on a GPU (mosaic_gpu.choose)."""
     monkeypatch.setattr(mosaic_gpu, "is_hopper", lambda: hopper)
     num_s, num_q, num_h = shape
     q = jax.ShapeDtypeStruct((num_s, num_h, num_q, 512), dtype)
     rope = jax.ShapeDtypeStruct((num_s, num_h, num_q, 64), dtype)
-    kv = jax.ShapeDtypeStruct((num_s, 9000, 576), dtype)
+    kv = jax.ShapeDtypeStruct((num_s, slots, 576), dtype)
     assert mosaic_gpu.choose(q, kv, None, None, scale=0.1, v_dim=512, heads_first=True, q_rope=rope) == want
 
 

@@ -181,8 +181,9 @@ def test_bad_input_errors(tiny):
                     reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 def test_gpu_mosaic_attention_in_the_model(tiny, monkeypatch):
     """A budget-64 tree verify (Q = 65, 2 streams: 130 CTAs) at K2's attention widths (64 heads,
-    latent 512 + rope 64) in bf16: "auto" takes mosaic_gpu at every layer, and each layer's
-    attention output equals the float64 golden on that layer's own inputs. (The logits are not
+    latent 512 + rope 64) in bf16, on a cache of AUTO_MIN_SLOTS slots: "auto" takes mosaic_gpu
+    at every layer, and each layer's attention output equals the float64 golden on that layer's
+    own inputs. (The logits are not
     compared with the xla path's: against a float32 run the bf16 logits were 0.7% off with xla
     and 4.8% with mosaic_gpu on the H200, while on these attention inputs both kernels are
     1.8e-3 from the golden. Our guess, not checked: XLA keeps its own attention output in float32
@@ -203,7 +204,7 @@ def test_gpu_mosaic_attention_in_the_model(tiny, monkeypatch):
     vis = jnp.asarray(vis)[None].repeat(2, 0)
     pos = jnp.asarray(ctx)[:, None] + jnp.asarray(depth)[None]
     cache = dj.forward(params, cfg, prefix, jnp.broadcast_to(jnp.arange(max(ctx)), (2, max(ctx))),
-                       dj.init_cache(cfg, 2, 400, jnp.bfloat16), num_new=jnp.asarray(ctx), attn_impl="xla").cache
+                       dj.init_cache(cfg, 2, mosaic_gpu.AUTO_MIN_SLOTS, jnp.bfloat16), num_new=jnp.asarray(ctx), attn_impl="xla").cache
 
     calls = []
     mosaic = registry._REGISTRY["mla_attention"]["mosaic_gpu"]

@@ -380,7 +380,9 @@ MIN_SPLIT_PAIRS = 4  # pairs (512 keys) per run at least, so the extra merge sta
 def split_count(ctas: int, slots: int) -> int:
     """Runs each stream's context is split into (`context_attention(splits=)`): 1 when the row
     blocks' CTAs fill the GPU's SMs, else enough runs to fill them once, each of at least
-    MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. (Not yet timed on a GPU: BENCHMARKS.md, issue 5.)"""
+    MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. (On the H200 the best of 4, 8 and 16 runs was
+    8 for 16 CTAs and 4 for 64, within 4% of the next; this rule gives 9 and 3: BENCHMARKS.md,
+    issue 5, session 20.)"""
     if ctas >= FILL_CTAS:
         return 1
     return max(1, min(-(-FILL_CTAS // ctas), slots // (PAIR * MIN_SPLIT_PAIRS)))
@@ -432,23 +434,21 @@ def is_hopper() -> bool:
     return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9.")
 
 
-# CTAs (64 query rows of one stream each) from which impl="auto" takes this kernel: on the H200
-# (session 19, BENCHMARKS.md issue 5) it beat two-pass Pallas:Triton at every measured shape with
-# 128 or more (1.2-1.4x) and lost with fewer (64: 0.96x; 16: 0.43x), where one CTA per 64 rows
-# leaves SMs idle and two-pass splits the context.
-AUTO_MIN_CTAS = 128
+# Cache slots from which impl="auto" takes this kernel. Below, each CTA covers few key pairs and
+# the tree nodes' own keys, which XLA attends in `_tail`, are a large share of the work: on the
+# H200 (session 20, BENCHMARKS.md issue 5) two-pass Pallas:Triton won at 1k context.
+AUTO_MIN_SLOTS = 4096
 
 
 @registry.chooser("mla_attention")
 def choose(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
            q_rope=None) -> str:
-    """impl="auto" on a GPU: "mosaic_gpu" on Hopper when it supports the shapes and its CTAs
-    (S * ceil(Q * H / 64)) reach AUTO_MIN_CTAS, else "pallas_triton"."""
+    """impl="auto" on a GPU: "mosaic_gpu" on Hopper when it supports the shapes and the cache has
+    AUTO_MIN_SLOTS slots or more (too few CTAs are made up by `split_count`), else "pallas_triton"."""
     del ctx_lens, node_mask, scale, heads_first
-    num_s, a, b, dk = q.shape
+    _, a, b, dk = q.shape
     dk += 0 if q_rope is None else q_rope.shape[-1]
-    ctas = num_s * -(-(a * b) // BLOCK_Q)
-    if is_hopper() and ctas >= AUTO_MIN_CTAS and supported(a * b, dk, v_dim, q.dtype) is None \
+    if is_hopper() and kv.shape[1] >= AUTO_MIN_SLOTS and supported(a * b, dk, v_dim, q.dtype) is None \
             and kv.dtype == q.dtype:
         return "mosaic_gpu"
     return "pallas_triton"
