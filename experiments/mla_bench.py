@@ -16,11 +16,14 @@ config's time per shape, the fastest, and its speedup over the first config (the
       --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --budget_s=400    # one-pass vs two-pass
   python3 experiments/mla_bench.py --ctx=8192 --q=16,64 --streams=16 --impls=pallas_triton --parts \
       --configs=tp128x256x8x3-128x256x64x8x3,tp128x128x8x3-128x256x64x8x3    # each pass alone
+  python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16 --streams=1,16 --impls=mosaic_gpu \
+      --parts    # where mosaic_gpu's time goes: XLA prep and tail, kernel, combine
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -50,7 +53,8 @@ flags.DEFINE_list("configs", ["auto"],
 flags.DEFINE_list("impls", ["pallas_triton", "xla"],
                   "implementations to time: pallas_triton (with --configs), mosaic_gpu, xla, and auto "
                   "(what impl=\"auto\" runs: registry.get(\"mla_attention\", \"auto\"), its shape rule included)")
-flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone")
+flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone; "
+                  "mosaic_gpu: its XLA prep (with the tail), kernel and combine alone (mosaic_parts)")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_bool("in_graph", True, "also time each call inside one jitted program of several calls "
                   "(time_in_graph): without the host's per-call dispatch, as in a model step")
@@ -203,6 +207,23 @@ def two_pass_parts(args, cfg, scale: float, v_dim: int, sets) -> dict:
                 pv_tflops=work * v_dim / sec_pv / 1e12)
 
 
+def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
+    """mosaic_gpu's wrapper (mla_attention_mosaic) in its parts, each timed in-graph on args:
+    prep (the query padding, the mask decode and the XLA tail: mosaic_gpu.prepare), the kernel,
+    and, where the context is split, combine_splits. context: the kernel (default) or its XLA
+    twin (CPU tests)."""
+    context = context or mosaic_gpu.context_attention
+    prep = jax.jit(functools.partial(mosaic_gpu.prepare, scale=scale, v_dim=v_dim))
+    prepared = [prep(*a) for a in args]
+    cluster, splits = mosaic_gpu.launch(*prepared[0][:2])
+    kernel = jax.jit(functools.partial(context, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits))
+    out = dict(splits=splits, prep_ms=time_in_graph(prep, args) * 1e3,
+               kernel_ms=time_in_graph(kernel, prepared) * 1e3)
+    if splits > 1:
+        out["combine_ms"] = time_in_graph(jax.jit(mosaic_gpu.combine_splits), [kernel(*p) for p in prepared]) * 1e3
+    return out
+
+
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
                   in_graph=False, log=print) -> list[dict]:
@@ -212,7 +233,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     is ctx and the Q tree nodes' entries follow it. in_graph: also time_in_graph (graph_ms).
 
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
-    parts: for two-pass configs, also each pass alone (two_pass_parts).
+    parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
+    (mosaic_parts).
     """
     configs = configs or {"auto": None}
     ceilings = ceilings or measure_ceilings()
@@ -269,7 +291,9 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                         if in_graph:
                             sec = time_in_graph(fn, args)
                             row.update(graph_ms=sec * 1e3, graph_pct_floor=100 * floor / sec)
-                        if parts and name != "xla":
+                        if parts and name == "mosaic_gpu":
+                            row.update(mosaic_parts(args, scale, v_dim))
+                        elif parts and name.startswith("pallas"):
                             cfg = (configs[name.removeprefix("pallas ")]
                                    or pallas_triton.select_config(num_q * heads, num_slots, v_dim, num_s))
                             if isinstance(cfg, two_pass.TwoPassConfig):
@@ -288,6 +312,9 @@ def _fmt(r: dict) -> str:
         return f"{head} ERROR {r['error']}"
     err = f" gold={r['rel_err_golden']:.1e}" if "rel_err_golden" in r else ""
     err += f" xla={r['rel_err_vs_xla']:.1e}" if "rel_err_vs_xla" in r else ""
+    if "prep_ms" in r:
+        err += (f" | {r['splits']} runs: prep {r['prep_ms']:.3f} ms, kernel {r['kernel_ms']:.3f} ms"
+                + (f", combine {r['combine_ms']:.3f} ms" if "combine_ms" in r else ""))
     if "scores_ms" in r:
         err += (f" | scores {r['scores_ms']:.3f} ms {r['scores_tflops']:.0f} TF/s, "
                 f"P@V {r['pv_ms']:.3f} ms {r['pv_tflops']:.0f} TF/s")

@@ -89,3 +89,22 @@ def test_mla_mosaic_probe_reads_the_ptxas_report():
               "ptxas info    : Used 168 registers, used 16 barriers, 688 bytes cumulative stack size\n")
     assert ptxas_summary(report) == dict(registers=168, spill_store_bytes=1392, spill_load_bytes=1360)
     assert ptxas_summary("") == {}
+
+
+def test_mla_bench_mosaic_parts_with_the_twin():
+    """mla_bench.mosaic_parts on the CPU, the kernel's XLA twin in its place: a 1112-slot cache
+    gives one stream's single row block 2 runs (launch), so prep, kernel and combine are each
+    timed; the parts, run in order, give the wrapper's output."""
+    import jax
+    import numpy as np
+    from experiments import mla_bench
+    from pallas_kernels.mla_attention import mosaic_gpu
+    args = mla_bench.make_inputs(jax.random.key(3), 1, 3, 4, 48, 1100, 1112, 2)
+    twin = mosaic_gpu.context_attention_xla
+    got = mla_bench.mosaic_parts(args, 0.2, 32, context=twin)
+    assert got["splits"] == 2 and min(got["prep_ms"], got["kernel_ms"], got["combine_ms"]) > 0, got
+    prepared = mosaic_gpu.prepare(*args[0], scale=0.2, v_dim=32)
+    o = mosaic_gpu.combine_splits(*twin(*prepared, scale=0.2, v_dim=32, splits=2))[:, :12].reshape(1, 3, 4, 32)
+    want = mosaic_gpu.mla_attention_mosaic(*args[0], scale=0.2, v_dim=32, context=twin)
+    # the wrapper rounds to bf16 (relative 2^-8); the parts here stay float32
+    np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-2)

@@ -388,14 +388,12 @@ def split_count(ctas: int, slots: int) -> int:
     return max(1, min(-(-FILL_CTAS // ctas), slots // (PAIR * MIN_SPLIT_PAIRS)))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits"))
-def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                         heads_first: bool = False, q_rope=None, context=context_attention,
-                         splits: int | None = None):
-    """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
-    node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
-    context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
-    stream's context is split into (None: `split_count`'s rule)."""
+def prepare(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
+            q_rope=None):
+    """mla_attention_mosaic's XLA work before the kernel: q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]),
+    kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> (q rows [S, R, Dk] with R = Q * H
+    rounded up to BLOCK_Q, kv with N rounded up to a multiple of 8 and at least PAIR, pairs [S]
+    int32, and the tail's unnormalised O [S, R, v_dim] float32, row max [S, R], row sum [S, R])."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     num_s, a, b, dk = q.shape
@@ -403,12 +401,11 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     rows = a * b
     # Row r of the flattened query is node r % Q (heads first) or r // H.
     node_of_row = np.arange(rows) % num_q if heads_first else np.arange(rows) // b
-    q_rows = q.reshape(num_s, rows, dk)
     padded = -(-rows // BLOCK_Q) * BLOCK_Q
-    q_pad = jnp.pad(q_rows, ((0, 0), (0, padded - rows), (0, 0)))
+    q_pad = jnp.pad(q.reshape(num_s, rows, dk), ((0, 0), (0, padded - rows), (0, 0)))
     pairs = ctx_lens.astype(jnp.int32) // PAIR
     # TMA reads the cache in (8, 64) tiles and the kernel's first step names keys 0 .. 127: a slot
-    # count off a multiple of 8, or below 128, costs one padded copy.
+    # count off a multiple of 8 (model.aligned_slots), or below 128, costs one padded copy.
     pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
     kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
     t = jnp.arange(num_q)
@@ -417,15 +414,35 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     # The tail runs on the padded rows too (their node: 0), so its parts need no padded copy.
     tail = _tail(q_pad, kv, ctx_lens.astype(jnp.int32), visible, pairs * PAIR, scale=scale, v_dim=v_dim,
                  node_of_row=np.pad(node_of_row, (0, padded - rows)))
-    cluster = cluster_size(padded)
+    return q_pad, kv_k, pairs, *tail
+
+
+def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
+    """(CTAs per cluster, runs per stream) for prepare's q rows and cache; splits None: split_count."""
+    cluster = cluster_size(q_pad.shape[1])
     if splits is None:
-        splits = split_count(num_s * padded // BLOCK_Q, kv_k.shape[1])
+        splits = split_count(q_pad.shape[0] * q_pad.shape[1] // BLOCK_Q, kv_k.shape[1])
+    return cluster, splits
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits"))
+def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
+                         heads_first: bool = False, q_rope=None, context=context_attention,
+                         splits: int | None = None):
+    """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
+    node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
+    context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
+    stream's context is split into (None: `split_count`'s rule)."""
+    num_s, a, b, _ = q.shape
+    q_pad, kv_k, pairs, *tail = prepare(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
+                                        heads_first=heads_first, q_rope=q_rope)
+    cluster, splits = launch(q_pad, kv_k, splits=splits)
     if splits == 1:
         out, _ = context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
         out = combine_splits(*context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster,
                                       splits=splits)).astype(q.dtype)
-    return out[:, :rows].reshape(num_s, a, b, v_dim)
+    return out[:, :a * b].reshape(num_s, a, b, v_dim)
 
 
 def is_hopper() -> bool:
