@@ -21,14 +21,13 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 stream's pairs are split into runs, one CTA each, whose parts XLA merges (`split_count`,
 `combine_splits`; flash-decoding).
 
-Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, session 19): the kernel alone runs at 562-599
-TFLOP/s at ctx 8k-32k, Q 16-256, S 8-16, with no register spills; the whole operation is
-1.21-1.60x faster than two-pass Pallas:Triton wherever it has 128 or more CTAs, and impl="auto"
-takes it there on a Hopper GPU (`choose`). With fewer CTAs two-pass or the decode kernel was
-faster, before the context split; the split form is lowered for CUDA and tested against its
-twin on the CPU, but has not yet run on a GPU. Off the GPU the registered function refuses
-(Mosaic GPU's CPU interpreter does not run this kernel); `context_attention_xla` stands in for
-the kernel in the CPU tests of the rest.
+Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-20): the kernel alone runs at
+562-599 TFLOP/s at ctx 8k-32k, Q 16-256, S 8-16, with no register spills; the whole operation
+reaches 66-82% of the roofline floor there, 1.22-1.62x faster than two-pass Pallas:Triton. The
+context split took ctx-32k decode from 35-38% (the decode kernel) to 53-61%. impl="auto" takes
+this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more (`choose`). Off the GPU the
+registered function refuses (Mosaic GPU's CPU interpreter does not run this kernel);
+`context_attention_xla` stands in for the kernel in the CPU tests of the rest.
 """
 
 from __future__ import annotations
