@@ -7,8 +7,9 @@ allows. Implementations: "xla" (chunked pure JAX), "pallas_triton" (a one-pass f
 kernel, pallas_triton.py, or for K2-size verify shapes a scores GEMM and a P @ V GEMM, two_pass.py;
 pallas_triton.select_config picks), "mosaic_gpu" (Hopper: a warp-specialised Mosaic GPU kernel
 over whole 128-key context pairs, the rest attended in XLA first and merged in the kernel,
-mosaic_gpu.py). "auto" on a GPU: mosaic_gpu on Hopper where it has 128 or more CTAs
-(mosaic_gpu.choose), else pallas_triton.
+mosaic_gpu.py; each stream's context split over CTAs when too few fill the GPU). "auto" on a
+GPU: mosaic_gpu on Hopper for caches of 4096 slots or more (mosaic_gpu.choose), else
+pallas_triton.
 """
 
 from __future__ import annotations
