@@ -27,6 +27,7 @@ import ddtree_jax as dj
 from ddtree_jax import roofline as rf
 from ddtree_jax import sweep_io
 from ddtree_jax.bench_util import markdown_table, median_seconds
+from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import visibility_to_mask
 
@@ -91,7 +92,7 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
     for s in streams:
         for b in budgets:
             q, t = b + 1, s * (b + 1)
-            cache = dj.init_cache(cfg, s, ctx + q, dtype)
+            cache = dj.init_cache(cfg, s, aligned_slots(ctx + q), dtype)    # as engine.setup allocates
             cache = cache.replace(kv=tuple(jnp.asarray(rng.normal(0, 1, k.shape), dtype) for k in cache.kv),
                                   lengths=jnp.full((s,), ctx, jnp.int32))
             tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (s, q)), jnp.int32)
