@@ -372,19 +372,21 @@ def cluster_size(rows: int) -> int:
     return 2 if rows % (2 * BLOCK_Q) == 0 else 1
 
 
-FILL_CTAS = 132     # SMs of an H100 / H200 SXM
+FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA fills an SM's shared memory
 MIN_SPLIT_PAIRS = 4  # pairs (512 keys) per run at least, so the extra merge stays small
 
 
 def split_count(ctas: int, slots: int) -> int:
     """Runs each stream's context is split into (`context_attention(splits=)`): 1 when the row
-    blocks' CTAs fill the GPU's SMs, else enough runs to fill them once, each of at least
-    MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. (On the H200 the best of 4, 8 and 16 runs was
-    8 for 16 CTAs and 4 for 64, within 4% of the next; this rule gives 9 and 3: BENCHMARKS.md,
-    issue 5, session 20.)"""
+    blocks' CTAs fill the GPU's SMs, else as many as fit in one wave (FILL_CTAS // ctas), each of
+    at least MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. A run more than one wave holds starts a
+    second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, session 20), at ctx 32k,
+    Q 1, S 16 (16 CTAs) the kernel with its combine took 0.181 ms in 8 runs and 0.191 in 16; the
+    whole operation with the earlier rule's 9 runs (144 CTAs) took 0.268 ms. (This rule is not yet
+    timed on a GPU.)"""
     if ctas >= FILL_CTAS:
         return 1
-    return max(1, min(-(-FILL_CTAS // ctas), slots // (PAIR * MIN_SPLIT_PAIRS)))
+    return max(1, min(FILL_CTAS // ctas, slots // (PAIR * MIN_SPLIT_PAIRS)))
 
 
 def prepare(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
