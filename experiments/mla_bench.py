@@ -209,11 +209,11 @@ def two_pass_parts(args, cfg, scale: float, v_dim: int, sets) -> dict:
 
 def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
     """mosaic_gpu's wrapper (mla_attention_mosaic) in its parts, each timed in-graph on args:
-    prep (the query padding, the mask decode and the XLA tail: mosaic_gpu.prepare), the kernel,
+    prep (the query padding and the tail's mask words: mosaic_gpu.prepare), the kernel,
     and, where the context is split, combine_splits. context: the kernel (default) or its XLA
     twin (CPU tests)."""
     context = context or mosaic_gpu.context_attention
-    prep = jax.jit(functools.partial(mosaic_gpu.prepare, scale=scale, v_dim=v_dim))
+    prep = jax.jit(mosaic_gpu.prepare)
     prepared = [prep(*a) for a in args]
     cluster, splits = mosaic_gpu.launch(*prepared[0][:2])
     kernel = jax.jit(functools.partial(context, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits))

@@ -1,9 +1,11 @@
 """The Mosaic GPU MLA kernel alone (`mosaic_gpu.context_attention`), with ptxas's register report.
 
-For each (ctx, Q, S), every stream at ctx (ctx // 128 whole key pairs; the tail it merges is
-empty: O zeros, row max -inf, row sum 0, which it still reads): checks the kernel against its XLA twin on stream 0 (relative error of O, absolute error of lse), then times
-it. FLOPs = 2 S R 128 pairs (Dk + v_dim), bytes = the latent cache read once + queries + outputs;
-floor = max(bytes / copy bandwidth, FLOPs / matmul rate) from ceilings measured in the same run.
+For each (ctx, Q, S), every stream at ctx with a bushy tree of Q nodes, the operands as
+`mosaic_gpu.prepare` makes them (ctx // 128 whole key pairs, then the tail pairs under the
+tree mask): checks the kernel against its XLA twin on stream 0 (relative error of O, absolute
+error of lse), then times it. FLOPs = 2 S R 128 (pairs + tail pairs) (Dk + v_dim), the keys the
+kernel walks; bytes = those keys read once + queries + outputs + tail bits; floor = max(bytes /
+copy bandwidth, FLOPs / matmul rate) from ceilings measured in the same run.
 With --ptxas (the default) Mosaic GPU runs ptxas -v on each kernel as it compiles
 (MOSAIC_GPU_DUMP_PTXAS); the probe captures that report and records the registers and spill bytes
 per shape: spills in this kernel's loop cost up to 1.5x (BENCHMARKS.md, issue 5, session 19).
@@ -30,7 +32,7 @@ import tempfile
 
 from absl import app, flags
 
-from experiments.mla_bench import measure_ceilings, time_jax   # also defines --heads, --dk, --v_dim, --out
+from experiments.mla_bench import make_inputs, measure_ceilings, time_jax   # also defines --heads, --dk, --v_dim, --out
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
@@ -79,6 +81,7 @@ def main(_):
     import jax.numpy as jnp
     import numpy as np
 
+    from ddtree_jax import model
     from pallas_kernels.mla_attention import mosaic_gpu
 
     heads, dk, v_dim = FLAGS.heads, FLAGS.dk, FLAGS.v_dim
@@ -89,12 +92,14 @@ def main(_):
     rows = []
     for shape, splits in itertools.product(FLAGS.shapes, map(int, FLAGS.splits)):
         ctx, num_q, num_s = map(int, shape.split(":"))
-        r, pairs_n = num_q * heads, ctx // mosaic_gpu.PAIR
-        pairs = jnp.full((num_s,), pairs_n, jnp.int32)
-        r_pad = -(-r // mosaic_gpu.BLOCK_Q) * mosaic_gpu.BLOCK_Q
+        # The kernel's operands as mla_attention_mosaic prepares them: bushy trees, the cache
+        # allocated as engine.setup allocates it (model.aligned_slots(ctx + Q)).
+        args = make_inputs(jax.random.key(ctx + num_q + num_s), num_s, num_q, heads, dk, ctx,
+                           model.aligned_slots(ctx + num_q), 1)[0]
+        operands = jax.jit(mosaic_gpu.prepare)(*args)
+        q, _, pairs, tail_pairs, _ = operands
+        r, r_pad = num_q * heads, q.shape[1]
         cluster = mosaic_gpu.cluster_size(r_pad)
-        tail = (jnp.zeros((num_s, r_pad, v_dim), jnp.float32), jnp.full((num_s, r_pad), -jnp.inf, jnp.float32),
-                jnp.zeros((num_s, r_pad), jnp.float32))
 
         def run(*args, cluster=cluster, splits=splits):
             o, lse = mosaic_gpu.context_attention(*args, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits)
@@ -102,20 +107,16 @@ def main(_):
             return (o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse), lse)
         fn = jax.jit(run)
         if FLAGS.lower_only:
-            specs = (jax.ShapeDtypeStruct((num_s, r_pad, dk), jnp.bfloat16),
-                     jax.ShapeDtypeStruct((num_s, ctx + 8, dk), jnp.bfloat16), pairs, *tail)
-            fn.trace(*specs).lower(lowering_platforms=("cuda",))
+            fn.trace(*operands).lower(lowering_platforms=("cuda",))
             print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits}: lowered")
             continue
-        kq, kk = jax.random.split(jax.random.key(ctx + num_q + num_s))
-        q = jax.random.normal(kq, (num_s, r_pad, dk), jnp.bfloat16)
-        kv = jax.random.normal(kk, (num_s, ctx + 8, dk), jnp.bfloat16)
-        o_ref, lse_ref = mosaic_gpu.context_attention_xla(q[:1].astype(jnp.float32), kv[:1].astype(jnp.float32),
-                                                          pairs[:1], *(t[:1] for t in tail), scale=scale,
-                                                          v_dim=v_dim)
+        o_ref, lse_ref = mosaic_gpu.context_attention_xla(operands[0][:1].astype(jnp.float32),
+                                                          operands[1][:1].astype(jnp.float32),
+                                                          *(t[:1] for t in operands[2:]), scale=scale, v_dim=v_dim)
         o_ref, lse_ref = np.asarray(o_ref, np.float64), np.asarray(lse_ref, np.float64)
-        flops = 2 * num_s * r * pairs_n * mosaic_gpu.PAIR * (dk + v_dim)
-        nbytes = 2 * num_s * (ctx * dk + r * (dk + v_dim)) + 4 * num_s * r * (v_dim + 2)   # + the tail read
+        keys = mosaic_gpu.PAIR * int(pairs[0] + tail_pairs[0])           # keys each row block walks
+        flops = 2 * num_s * r * keys * (dk + v_dim)
+        nbytes = 2 * num_s * (keys * dk + r * (dk + v_dim)) + 4 * num_s * r * operands[4].shape[1]   # + tail bits
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),
                     flops / (max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12))
         row = dict(ctx=ctx, q=num_q, s=num_s, splits=splits, cluster=cluster, flops=flops, bytes=nbytes,
@@ -123,7 +124,7 @@ def main(_):
         try:
             report = []
             with _captured_stdout(report) if not FLAGS.dump else contextlib.nullcontext():
-                o, lse = jax.block_until_ready(fn(q, kv, pairs, *tail))     # compiles: ptxas reports here
+                o, lse = jax.block_until_ready(fn(*operands))     # compiles: ptxas reports here
             if report:
                 row.update(ptxas_summary(report[0]))
             o0 = np.asarray(o[0, :r], np.float64)
@@ -132,7 +133,7 @@ def main(_):
                 row["lse_err"] = float(np.max(np.abs(np.asarray(lse[0, :r], np.float64) - lse_ref[0, :r])))
             if not row["rel_err"] <= _TOL:
                 raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
-            sec = time_jax(fn, [(q, kv, pairs, *tail)])
+            sec = time_jax(fn, [operands])
             row.update(ms=sec * 1e3, tflops=flops / sec / 1e12, pct_floor=100 * floor / sec)
         except Exception as e:  # report and go on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"

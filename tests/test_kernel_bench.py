@@ -103,7 +103,7 @@ def test_mla_bench_mosaic_parts_with_the_twin():
     twin = mosaic_gpu.context_attention_xla
     got = mla_bench.mosaic_parts(args, 0.2, 32, context=twin)
     assert got["splits"] == 2 and min(got["prep_ms"], got["kernel_ms"], got["combine_ms"]) > 0, got
-    prepared = mosaic_gpu.prepare(*args[0], scale=0.2, v_dim=32)
+    prepared = mosaic_gpu.prepare(*args[0])
     o = mosaic_gpu.combine_splits(*twin(*prepared, scale=0.2, v_dim=32, splits=2))[:, :12].reshape(1, 3, 4, 32)
     want = mosaic_gpu.mla_attention_mosaic(*args[0], scale=0.2, v_dim=32, context=twin)
     # the wrapper rounds to bf16 (relative 2^-8); the parts here stay float32

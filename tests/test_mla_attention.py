@@ -419,7 +419,9 @@ def test_mosaic_parts_around_the_kernel(case, dtype, splits):
     (True, (16, 16, 64), 9000, jnp.bfloat16, "mosaic_gpu"),     # 256 CTAs
     (True, (1, 65, 64), 9000, jnp.bfloat16, "mosaic_gpu"),      # 65 CTAs: the context is split
     (True, (16, 1, 64), 32776, jnp.bfloat16, "mosaic_gpu"),     # plain decode: 16 CTAs, split
-    (True, (16, 16, 64), 1032, jnp.bfloat16, "pallas_triton"),  # a short cache
+    (True, (16, 16, 64), 1032, jnp.bfloat16, "mosaic_gpu"),     # a short cache, 256 CTAs
+    (True, (1, 64, 64), 1032, jnp.bfloat16, "pallas_triton"),   # a short cache, 64 CTAs
+    (True, (8, 16, 64), 2056, jnp.bfloat16, "mosaic_gpu"),      # 128 CTAs
     (True, (16, 16, 64), 9000, jnp.float32, "pallas_triton"),   # the kernel takes bf16/f16 only
     (False, (16, 16, 64), 9000, jnp.bfloat16, "pallas_triton"),  # not Hopper
 ])
@@ -499,30 +501,41 @@ def test_gpu_mosaic_k2_shapes(case):
         assert_close(lay(out), ref, TOL[jnp.bfloat16], f"seed {seed} heads_first={heads_first} apart={apart}")
 
 
+def random_tail_bits(rng, pairs, num_words: int, rows: int, num_slots: int, empty) -> np.ndarray:
+    """Random tail masks [S, W, R] int32 for context_attention: about half the bits set, none for
+    keys at or past num_slots (the kernel's contract), none in the rows `empty` [S, R] marks."""
+    t = np.arange(32 * num_words)
+    ok = rng.random((len(pairs), 32 * num_words, rows)) < 0.5
+    ok &= (mosaic_gpu.PAIR * np.asarray(pairs)[:, None] + t < num_slots)[..., None]
+    ok &= ~empty[:, None, :]
+    words = (ok.reshape(len(pairs), num_words, 32, rows).astype(np.uint64) << t[:32, None].astype(np.uint64)).sum(2)
+    return words.astype(np.uint32).view(np.int32)
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="Pallas Mosaic GPU kernel: Hopper GPU only")
-@pytest.mark.parametrize("rows,cluster,counts,splits", [(128, 2, [0, 1, 7, 64], 1), (192, 1, [0, 1, 7, 64], 1),
-                                                        (128, 2, [7] * 4, 1), (192, 1, [0] * 4, 1),
-                                                        (128, 2, [0, 1, 7, 64], 3), (64, 1, [0, 2, 9, 64], 5)])
-def test_gpu_mosaic_context_kernel(rows, cluster, counts, splits):
-    """The kernel alone against its XLA twin: O and lse for 0 to 64 pairs merged with a random
-    tail (every other row of streams 0 and 2 with no tail keys, so stream 0's rows with neither
-    give zeros and -inf), every element (NaN-filled inputs run first, so buffers it fails to
-    write would hold stale NaN); splits > 1: each run's part (some runs empty), then merged."""
-    pairs = jnp.asarray(counts, jnp.int32)
-    rng = np.random.default_rng(rows)
+@pytest.mark.parametrize("rows,cluster,counts,tails,splits", [
+    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 1), (192, 1, [0, 1, 7, 64], [0, 1, 3, 1], 1),
+    (128, 2, [7] * 4, [2] * 4, 1), (192, 1, [0] * 4, [0, 1, 0, 2], 1),
+    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 3), (64, 1, [0, 2, 9, 64], [2, 0, 1, 1], 5)])
+def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits):
+    """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 0 to 3 tail
+    pairs under random masks (stream 3's last tail pair reaches past the cache's 8200 slots; every
+    other row of streams 0 and 2 has no tail key, so stream 0's rows with neither give zeros and
+    -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
+    stale NaN); splits > 1: each run's part (some runs empty), then merged."""
+    pairs, tail_pairs = jnp.asarray(counts, jnp.int32), jnp.asarray(tails, jnp.int32)
+    rng = np.random.default_rng(rows + splits)
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
     empty = np.zeros((4, rows), bool)
     empty[[0, 2], ::2] = True
-    m_t = jnp.asarray(np.where(empty, -np.inf, rng.uniform(-2, 8, (4, rows))), jnp.float32)
-    l_t = jnp.asarray(np.where(empty, 0.0, rng.uniform(1, 50, (4, rows))), jnp.float32)
-    o_t = jnp.asarray(np.where(empty[..., None], 0.0, rng.standard_normal((4, rows, 512)) * 10), jnp.float32)
-    run = jax.jit(lambda q, kv, o_t: mosaic_gpu.context_attention(q, kv, pairs, o_t, m_t, l_t, scale=0.04,
-                                                                  v_dim=512, cluster=cluster, splits=splits))
-    jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan), jnp.full_like(o_t, jnp.nan)))
-    o, lse = run(q, kv, o_t)
+    bits = jnp.asarray(random_tail_bits(rng, counts, 12, rows, kv.shape[1], empty))
+    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, tail_pairs, bits, scale=0.04, v_dim=512,
+                                                             cluster=cluster, splits=splits))
+    jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
+    o, lse = run(q, kv)
     o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,
-                                                      o_t, m_t, l_t, scale=0.04, v_dim=512, splits=splits)
+                                                      tail_pairs, bits, scale=0.04, v_dim=512, splits=splits)
     assert_close(o, o_ref, TOL[jnp.bfloat16], "context O")
     if splits > 1:
         assert_close(mosaic_gpu.combine_splits(o, lse), mosaic_gpu.combine_splits(o_ref, lse_ref),
@@ -530,3 +543,39 @@ def test_gpu_mosaic_context_kernel(rows, cluster, counts, splits):
     np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
     seen = np.isfinite(np.asarray(lse_ref))
     np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_mosaic_context_twin_matches_its_contract(splits):
+    """context_attention_xla (what the GPU test holds the kernel to) against a float64 loop over
+    context_attention's contract: every key below 128 pairs, then tail key 128 pairs + t where
+    its bit is set; runs of ceil((pairs + tail_pairs) / splits) pairs."""
+    rng = np.random.default_rng(5)
+    counts, tails, rows, n = [0, 1, 2], [1, 2, 0], 8, 300
+    empty = np.zeros((3, rows), bool)
+    empty[0, 1] = True                                    # stream 0 row 1: no key at all
+    bits = random_tail_bits(rng, counts, 8, rows, n, empty)
+    q, kv = rng.standard_normal((3, rows, 16)), rng.standard_normal((3, n, 16))
+    o, lse = mosaic_gpu.context_attention_xla(jnp.asarray(q, jnp.float32), jnp.asarray(kv, jnp.float32),
+                                              jnp.asarray(counts), jnp.asarray(tails), jnp.asarray(bits),
+                                              scale=0.3, v_dim=8, splits=splits)
+    if splits == 1:
+        o, lse = o[None], lse[None]
+    c = 0.3 * np.log2(np.e)
+    words = bits.view(np.uint32)
+    for s in range(3):
+        total = counts[s] + tails[s]
+        per = -(-total // splits)
+        for k in range(splits):
+            first, last = min(k * per, total), min(k * per + per, total)
+            for r in range(rows):
+                keys = [j for j in range(mosaic_gpu.PAIR * first, min(mosaic_gpu.PAIR * last, n))
+                        if j < mosaic_gpu.PAIR * counts[s]
+                        or words[s, (j - mosaic_gpu.PAIR * counts[s]) // 32, r] >> ((j - mosaic_gpu.PAIR * counts[s]) % 32) & 1]
+                if not keys:
+                    assert lse[k, s, r] == -np.inf and not np.any(o[k, s, r]), (s, k, r)
+                    continue
+                st = c * kv[s, keys] @ q[s, r]
+                p = np.exp2(st - st.max())
+                np.testing.assert_allclose(o[k, s, r], p @ kv[s, keys, :8] / p.sum(), rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(lse[k, s, r], st.max() + np.log2(p.sum()), rtol=1e-5, atol=1e-5)

@@ -6,9 +6,9 @@ cache slots j < ctx_lens[s] and to the Q new tokens (slots ctx_lens[s] + t) its 
 allows. Implementations: "xla" (chunked pure JAX), "pallas_triton" (a one-pass flash-decoding
 kernel, pallas_triton.py, or for K2-size verify shapes a scores GEMM and a P @ V GEMM, two_pass.py;
 pallas_triton.select_config picks), "mosaic_gpu" (Hopper: a warp-specialised Mosaic GPU kernel
-over whole 128-key context pairs, the rest attended in XLA first and merged in the kernel,
-mosaic_gpu.py; each stream's context split over CTAs when too few fill the GPU). "auto" on a
-GPU: mosaic_gpu on Hopper for caches of 4096 slots or more (mosaic_gpu.choose), else
+over the context and then the tree tokens under per-row mask words, mosaic_gpu.py; each
+stream's keys split over CTAs when too few fill the GPU). "auto" on a GPU: mosaic_gpu on Hopper
+for caches of 4096 slots or more or calls of 128 row blocks or more (mosaic_gpu.choose), else
 pallas_triton.
 """
 

@@ -1,9 +1,9 @@
 """MLA tree-verify attention with a warp-specialised Pallas Mosaic GPU kernel (Hopper only).
 
-The kernel (`context_attention`) covers each stream's whole 128-key context pairs; the rest of
-the keys (the partial last pair and the Q tree tokens under the ancestor bitmask, at most
-127 + Q per stream) are attended first in XLA (`_tail`), and the kernel merges that part (its
-unnormalised O, row max and row sum) into its own before it normalises and writes O.
+The kernel (`context_attention`) walks each stream's keys in 128-key pairs: first the whole
+context pairs, then the tail pairs (the partial last pair of context and the Q tree tokens,
+at most 127 + Q keys), whose scores it masks with per-row bit words (`tail_words`, from the
+ancestor bitmask). `prepare` is the only XLA work before it: the query rows and the words.
 Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at Kimi-K2
 width) and walks the context in 64-key tiles; the latent tile serves as K (all Dk channels) and
 as V (its first v_dim). Three warpgroups:
@@ -21,11 +21,13 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 stream's pairs are split into runs, one CTA each, whose parts XLA merges (`split_count`,
 `combine_splits`; flash-decoding).
 
-Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-20): the kernel alone runs at
-562-599 TFLOP/s at ctx 8k-32k, Q 16-256, S 8-16, with no register spills; the whole operation
-reaches 66-82% of the roofline floor there, 1.22-1.62x faster than two-pass Pallas:Triton. The
-context split took ctx-32k decode from 35-38% (the decode kernel) to 53-61%. impl="auto" takes
-this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more (`choose`). Off the GPU the
+Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-21): no register spills; the
+whole operation reaches 80-86% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
+and for one stream from Q 64 (74% at 32k Q 16), and 67-83% for 32k decode at S 8-16; 1.97-4.4x
+faster than the xla path there. Short calls (8k decode, one stream of Q 16 at 8k) still lose
+most of their time to fixed costs (launches, `prepare`, the combine). impl="auto"
+takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
+row blocks or more (`choose`). Off the GPU the
 registered function refuses (Mosaic GPU's CPU interpreter does not run this kernel);
 `context_attention_xla` stands in for the kernel in the CPU tests of the rest.
 """
@@ -59,19 +61,20 @@ def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
     return None
 
 
-def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1,
+def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
                       splits: int = 1):
-    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs [S] int32, and the rest of each row's
-    keys already attended: o_tail [S, R, v_dim] float32 (unnormalised), m_tail, l_tail [S, R]
-    float32 (row max and row sum, log2 units; -inf and 0 for no keys) ->
-    (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of every row of stream s over
-    keys 0 .. 128 * pairs[s] together with the tail's keys; O normalised by the row sum, lse2 =
-    log2 of the sum of exp2(scale * log2(e) * q.k) over both (-inf and O = 0 where a row has no
-    key). R a multiple of 64 * cluster; 128 * pairs[s] <= N.
-    splits > 1 splits each stream's pairs into `splits` runs of ceil(pairs[s] / splits), one CTA
-    each (flash-decoding, for shapes with too few row blocks to fill the GPU), and returns each
-    run's part: (O [splits, S, R, v_dim] float32, lse2 [splits, S, R]); run 0 includes the tail.
-    `combine_splits` merges them."""
+    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs, tail_pairs [S] int32, tail_bits [S, W, R]
+    int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of row r of stream s over
+    every key below 128 * pairs[s], and over tail key 128 * pairs[s] + t (t < 128 * tail_pairs[s])
+    where bit t % 32 of tail_bits[s, t // 32, r] is set. O is normalised by the row sum, lse2 =
+    log2 of the sum of exp2(scale * log2(e) * q.k) (-inf and O = 0 where a row sees no key).
+    R a multiple of 64 * cluster; W >= 4 * max(tail_pairs); set bits name keys below N only (the
+    tail's last tile may reach past N: TMA reads zeros there). Keys the bits leave out must still
+    hold finite values (the kernel multiplies them by probability 0).
+    splits > 1 splits each stream's pairs + tail_pairs into `splits` runs of ceil(total / splits),
+    one CTA each (flash-decoding, for shapes with too few row blocks to fill the GPU), and returns
+    each run's part: (O [splits, S, R, v_dim] float32, lse2 [splits, S, R]); `combine_splits`
+    merges them."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -81,31 +84,38 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
         raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
     if splits < 1:
         raise ValueError(f"context_attention: splits must be >= 1; got {splits}")
+    if tail_bits.shape[0] != num_s or tail_bits.shape[2] != rows or tail_bits.shape[1] % 4:
+        raise ValueError(f"context_attention: tail_bits must be [S={num_s}, 4k, R={rows}] int32; "
+                         f"got {tail_bits.shape}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
 
-    def body(q_ref, kv_ref, pairs_ref, ot_ref, mt_ref, lt_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem, slot_smem,
-             q_bar, k_full, k_free, p_ready, l_bar, done=None):
+    def body(q_ref, kv_ref, pairs_ref, tails_ref, bits_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem,
+             slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 0 consumer 0's row sum, row 2 consumer 1's, then lse.
         s, block = lax.axis_index("stream"), lax.axis_index("rows")
         if cluster > 1:     # the CTAs of a cluster: consecutive row blocks of one stream
             block = block * cluster + lax.axis_index("cluster")
         r0 = block * BLOCK_Q
+        rows_here = pl.ds(r0, BLOCK_Q)
         wg = lax.axis_index("wg")
+        ctx_pairs = pairs_ref[s]
+        total = ctx_pairs + tails_ref[s]
         if splits > 1:      # this CTA's run of pairs: first .. first + num_pairs
             split = lax.axis_index("split")
-            per = lax.div(pairs_ref[s] + (splits - 1), splits)
+            per = lax.div(total + (splits - 1), splits)
             first = split * per
-            num_pairs = jnp.maximum(jnp.minimum(pairs_ref[s] - first, per), 0)
-
-            def tile_keys(j):
-                return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
+            num_pairs = jnp.maximum(jnp.minimum(total - first, per), 0)
         else:
-            num_pairs = pairs_ref[s]
+            first, num_pairs = 0, total
+        # The run's whole-context pairs come first, then its tail pairs (keys under the mask).
+        plain = jnp.maximum(jnp.minimum(ctx_pairs - first, num_pairs), 0)
+        masked = num_pairs - plain
+        tail_first = first + plain - ctx_pairs    # the run's first tail pair, counted from the tail's start
 
-            def tile_keys(j):
-                return kv_ref.at[s, pl.ds(j * BLOCK_K, BLOCK_K)]
+        def tile_keys(j):
+            return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
 
         @pl.when(wg == 2)
         def _producer():
@@ -148,23 +158,31 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
                 plmg.barrier_arrive(k_free.at[barrier_slot])
                 return acc
 
-            def rescale(acc, l, m, m_new):
-                alpha = jnp.exp2(m - m_new)
+            def rescale(acc, l, m, m_ref):
+                alpha = jnp.exp2(m - m_ref)
                 return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), l * alpha
 
-            def take_other(acc, m, l, mine):
+            def finite(m):
+                """The row max as a reference point: 0 where a row has seen no key yet (-inf),
+                so that exp2(-inf - reference) is 0, not NaN (only the tail's tiles can
+                leave every key of a row out)."""
+                return jnp.where(m == -jnp.inf, 0.0, m)
+
+            def take_other(acc, m, l, mine, tail: bool):
                 """Fold in the other consumer's latest tile: its P and row max from shared memory."""
                 plmg.barrier_wait(p_ready.at[other])
                 m_new = plmg.load(stat_smem, (other,), layout=row_layout)
-                acc, l = rescale(acc, l, m, m_new)
+                acc, l = rescale(acc, l, m, finite(m_new) if tail else m_new)
                 plmg.barrier_wait(k_full.at[other])
                 return pv(acc, p_smem.at[mine - w], 1 - mine, other), m_new, l
 
-            def own_tile(acc, m, l, st, mine):
-                """Softmax of this consumer's scores st; publish P and the row max; P @ V half."""
-                m_new = jnp.maximum(m, st.max(axis=1) * c)
-                acc, l = rescale(acc, l, m, m_new)
-                p = jnp.exp2(st * c - lax.broadcast_in_dim(m_new, st.shape, [0]))
+            def own_tile(acc, m, l, sc, mine, tail: bool):
+                """Softmax of this consumer's scores sc (log2 units); publish P and the row max;
+                P @ V half."""
+                m_new = jnp.maximum(m, sc.max(axis=1))
+                m_ref = finite(m_new) if tail else m_new
+                acc, l = rescale(acc, l, m, m_ref)
+                p = jnp.exp2(sc - lax.broadcast_in_dim(m_ref, sc.shape, [0]))
                 l = l + p.sum(axis=1)
                 p16 = p.astype(p_smem.dtype)
                 p_smem[0] = p16
@@ -173,27 +191,43 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
                 plmg.barrier_arrive(p_ready.at[w])
                 return pv(acc, p16, mine, w), m_new, l
 
-            def step(i, carry):
-                # Consumer 0 scores tile 2i, then folds in tile 2i + 1; consumer 1 scores tile
-                # 2i + 1 while consumer 0 runs its softmax, then folds in tile 2i. (Consumer 1
-                # folding first, or consumer 0 scoring between its fold and softmax, measured
-                # 10-20% slower on the H200.)
-                acc, m, l = carry
-                # `mine` is w, read back from shared memory every step: the operand addresses
-                # of the matrix products then depend on a value the compilers cannot see
-                # through, so they are formed next to each product instead of being hoisted
-                # out of the loop (some 80 64-bit descriptors, more than the registers left
-                # beside the accumulator: ptxas spilled them, and more so in some builds).
-                mine = slot_smem[w]
-                st = scores(mine)
-                if w == 0:
-                    return take_other(*own_tile(acc, m, l, st, mine), mine)
-                return own_tile(*take_other(acc, m, l, mine), st, mine)
+            def tail_mask(sc, i):
+                """sc with -inf at the keys this consumer's i-th tail tile leaves out: tile
+                2 (tail_first + i) + w of the tail, its keys' bits in two words per row."""
+                word = 4 * (tail_first + i) + 2 * w
+                lo, hi = (lax.broadcast_in_dim(plmg.load(bits_ref.at[s, word + k, rows_here], (), layout=row_layout,
+                                                         optimized=False), sc.shape, [0]) for k in (0, 1))
+                col = plmg.layout_cast(lax.broadcasted_iota(jnp.int32, sc.shape, 1), plmg.Layout.WGMMA)
+                bits = lax.shift_right_logical(jnp.where(col < 32, lo, hi), col & 31)
+                return jnp.where((bits & 1) != 0, sc, -jnp.inf)
+
+            def step(tail: bool):
+                def run(i, carry):
+                    # Consumer 0 scores tile 2i, then folds in tile 2i + 1; consumer 1 scores
+                    # tile 2i + 1 while consumer 0 runs its softmax, then folds in tile 2i.
+                    # (Consumer 1 folding first, or consumer 0 scoring between its fold and
+                    # softmax, measured 10-20% slower on the H200.)
+                    acc, m, l = carry
+                    # `mine` is w, read back from shared memory every step: the operand
+                    # addresses of the matrix products then depend on a value the compilers
+                    # cannot see through, so they are formed next to each product instead of
+                    # being hoisted out of the loop (some 80 64-bit descriptors, more than the
+                    # registers left beside the accumulator: ptxas spilled them, and more so in
+                    # some builds).
+                    mine = slot_smem[w]
+                    sc = scores(mine) * c
+                    if tail:
+                        sc = tail_mask(sc, i)
+                    if w == 0:
+                        return take_other(*own_tile(acc, m, l, sc, mine, tail), mine, tail)
+                    return own_tile(*take_other(acc, m, l, mine, tail), sc, mine, tail)
+                return run
 
             m0 = plmg.layout_cast(jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32), row_layout)
             l0 = plmg.layout_cast(jnp.full((BLOCK_Q,), 0.0, jnp.float32), row_layout)
             acc0 = plmg.layout_cast(jnp.full((BLOCK_Q, half), 0.0, jnp.float32), plmg.Layout.WGMMA)
-            acc, m, l = lax.fori_loop(0, num_pairs, step, (acc0, m0, l0))
+            carry = lax.fori_loop(0, plain, step(False), (acc0, m0, l0))
+            acc, m, l = lax.fori_loop(0, masked, step(True), carry)
 
             own_row, their_row = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
             stat_smem[own_row] = l
@@ -201,49 +235,19 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
             plmg.barrier_arrive(l_bar)
             plmg.barrier_wait(l_bar)
             l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
-            rows_here = pl.ds(r0, BLOCK_Q)
-            out_at = (lambda cols_: o_ref.at[s, rows_here, cols_]) if splits == 1 else \
-                (lambda cols_: o_ref.at[split, s, rows_here, cols_])
-
-            def finish(with_tail: bool):
-                """Merge with the tail's keys (as _merge does), then write O 64 columns at a time:
-                the tail's float32 O comes from global memory beside the accumulator's registers."""
-                if with_tail:
-                    m_t = plmg.load(mt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
-                    l_t = plmg.load(lt_ref.at[s, rows_here], (), layout=row_layout, optimized=False)
-                    top = jnp.maximum(m, m_t)
-                else:
-                    top = m
-                top = jnp.where(top == -jnp.inf, 0.0, top)        # no key at all: weights 0
-                w_k = jnp.exp2(m - top)
-                den = w_k * l_tot
-                if with_tail:
-                    w_t = jnp.exp2(m_t - top)
-                    den = den + w_t * l_t
-                inv = 1.0 / jnp.where(den > 0, den, 1.0)
-                c_k = lax.broadcast_in_dim(w_k * inv, (BLOCK_Q, 64), [0])
-                if with_tail:
-                    c_t = lax.broadcast_in_dim(w_t * inv, (BLOCK_Q, 64), [0])
-                for j in range(half // 64):
-                    out_cols = pl.ds(w * half + j * 64, 64)
-                    o = acc[:, j * 64:(j + 1) * 64] * c_k
-                    if with_tail:
-                        o_t = plmg.load(ot_ref.at[s, rows_here, out_cols], (), layout=plmg.Layout.WGMMA,
-                                        optimized=False)
-                        o = o + o_t * c_t
-                    out_at(out_cols)[...] = o.astype(o_ref.dtype)
-                if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
-                    stat_smem[2] = top + jnp.log2(den)
-                    plmg.commit_smem()
-                    lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
-                    plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
-                    plmg.wait_smem_to_gmem(0)
-
-            if splits == 1:
-                finish(True)
-            else:       # the tail belongs to run 0 only
-                pl.when(split == 0)(lambda: finish(True))
-                pl.when(split != 0)(lambda: finish(False))
+            # Normalise and write O 64 columns at a time; a row that saw no key gives zeros and
+            # lse -inf (its row max -inf, its row sum 0).
+            inv = lax.broadcast_in_dim(1.0 / jnp.where(l_tot > 0, l_tot, 1.0), (BLOCK_Q, 64), [0])
+            for j in range(half // 64):
+                out_cols = pl.ds(w * half + j * 64, 64)
+                out_at = o_ref.at[s, rows_here, out_cols] if splits == 1 else o_ref.at[split, s, rows_here, out_cols]
+                out_at[...] = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
+            if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
+                stat_smem[2] = m + jnp.log2(l_tot)
+                plmg.commit_smem()
+                lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
+                plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
+                plmg.wait_smem_to_gmem(0)
             if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
                 plmg.barrier_arrive(done)
                 plmg.barrier_wait(done)
@@ -289,33 +293,36 @@ def context_attention(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_d
         # would not fit beside Q and two 576-wide key tiles.
         compiler_params=plmg.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
     )
-    return kernel(q, kv, pairs.astype(jnp.int32), o_tail.astype(jnp.float32), m_tail.astype(jnp.float32),
-                  l_tail.astype(jnp.float32))
+    return kernel(q, kv, pairs.astype(jnp.int32), tail_pairs.astype(jnp.int32), tail_bits.astype(jnp.int32))
 
 
-def context_attention_xla(q, kv, pairs, o_tail, m_tail, l_tail, *, scale: float, v_dim: int, cluster: int = 1,
+def context_attention_xla(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
                           splits: int = 1):
     """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
     around the kernel."""
     del cluster
     c = scale * math.log2(math.e)
     keys = jnp.arange(kv.shape[1])
+    start = PAIR * pairs[:, None]                                                  # [S, 1]
+    t = jnp.clip(keys[None, :] - start, 0, 32 * tail_bits.shape[1] - 1)            # [S, N]
+    words = jnp.take_along_axis(tail_bits, (t // 32)[:, :, None], axis=1)          # [S, N, R]
+    in_tail = (keys[None, :] >= start) & (keys[None, :] < start + PAIR * tail_pairs[:, None])
+    bit = (lax.shift_right_logical(words, (t % 32)[:, :, None]) & 1) == 1
+    seen = ((keys[None, :] < start)[..., None] | (in_tail[..., None] & bit)).swapaxes(1, 2)   # [S, R, N]
     st = jnp.einsum("srd,snd->srn", q, kv, preferred_element_type=jnp.float32) * c
-    per = -(-pairs // splits)
+    total = pairs + tail_pairs
+    per = -(-total // splits)
     parts = []
     for k in range(splits):
-        first = jnp.minimum(k * per, pairs)
-        last = jnp.minimum(first + per, pairs)
-        seen = (keys[None, :] >= (PAIR * first)[:, None]) & (keys[None, :] < (PAIR * last)[:, None])   # [S, N]
-        sk = jnp.where(seen[:, None, :], st, -jnp.inf)
+        first = jnp.minimum(k * per, total)
+        last = jnp.minimum(first + per, total)
+        run = (keys[None, :] >= (PAIR * first)[:, None]) & (keys[None, :] < (PAIR * last)[:, None])   # [S, N]
+        sk = jnp.where(seen & run[:, None, :], st, -jnp.inf)
         m = sk.max(axis=-1)
         p = jnp.exp2(sk - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
-        o = jnp.einsum("srn,snv->srv", p, kv[..., :v_dim].astype(jnp.float32))
-        if k == 0:
-            parts.append(_merge(o, m, p.sum(axis=-1), o_tail, m_tail, l_tail))
-        else:
-            parts.append(_merge(o, m, p.sum(axis=-1), jnp.zeros_like(o), jnp.full_like(m, -jnp.inf),
-                                jnp.zeros_like(m)))
+        l = p.sum(axis=-1)
+        o = jnp.einsum("srn,snv->srv", p, kv[..., :v_dim].astype(jnp.float32)) / jnp.where(l > 0, l, 1.0)[..., None]
+        parts.append((o, m + jnp.log2(l)))
     if splits == 1:
         out, lse = parts[0]
         return out.astype(q.dtype), lse
@@ -331,42 +338,6 @@ def combine_splits(o, lse):
     return (w[..., None] * o).sum(axis=0) / jnp.where(den > 0, den, 1.0)[..., None]
 
 
-def _tail(q, kv, ctx_lens, visible, start, *, scale, v_dim, node_of_row):
-    """Attention over each stream's keys past the kernel's pairs: context slots start ..
-    start + 127 below ctx_lens, then tree token u (slot ctx_lens + u) where the row's node sees
-    it. q [S, R, Dk], visible [S, Q, Q] bool, start [S], node_of_row [R] -> (unnormalised
-    O [S, R, v_dim] float32, row max m [S, R] and row sum l [S, R], log2 units)."""
-    num_s, _, _ = q.shape
-    num_q = visible.shape[1]
-    t = jnp.arange(PAIR + num_q)
-    is_ctx = t < PAIR
-    slot = jnp.where(is_ctx, start[:, None] + t, ctx_lens[:, None] + t - PAIR)       # [S, T]
-    ctx_ok = is_ctx & (slot < ctx_lens[:, None])                                       # [S, T]
-    slot = jnp.minimum(slot, kv.shape[1] - 1)
-    k = jnp.take_along_axis(kv, slot[:, :, None], axis=1)                              # [S, T, Dk]
-    k = jnp.where((ctx_ok | ~is_ctx)[..., None], k, 0)       # stale slots may hold anything
-    tree_ok = visible[:, node_of_row, :]                                               # [S, R, Q]
-    ok = jnp.concatenate([jnp.broadcast_to(ctx_ok[:, None, :PAIR], (num_s, len(node_of_row), PAIR)),
-                          tree_ok], axis=-1)                                           # [S, R, T]
-    st = jnp.einsum("srd,std->srt", q, k, preferred_element_type=jnp.float32) * (scale * math.log2(math.e))
-    st = jnp.where(ok, st, -jnp.inf)
-    m = st.max(axis=-1)
-    p = jnp.exp2(st - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
-    o = jnp.einsum("srt,stv->srv", p.astype(k.dtype), k[..., :v_dim], preferred_element_type=jnp.float32)
-    return o, m, p.sum(axis=-1)
-
-
-def _merge(o_a, m_a, l_a, o_b, m_b, l_b):
-    """Softmax over the union of two key sets, each given as (unnormalised O, row max, row sum)
-    in log2 units -> (normalised O, lse2); rows that see no key at all give zeros and -inf."""
-    top = jnp.maximum(m_a, m_b)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    w_a, w_b = jnp.exp2(m_a - top), jnp.exp2(m_b - top)  # 0 for an empty part
-    den = w_a * l_a + w_b * l_b
-    out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / jnp.where(den > 0, den, 1.0)[..., None]
-    return out, top + jnp.log2(den)
-
-
 def cluster_size(rows: int) -> int:
     """CTAs per cluster: two when the row blocks pair up (1-15% faster on the H200 at ctx 8k-32k)."""
     return 2 if rows % (2 * BLOCK_Q) == 0 else 1
@@ -377,45 +348,60 @@ MIN_SPLIT_PAIRS = 4  # pairs (512 keys) per run at least, so the extra merge sta
 
 
 def split_count(ctas: int, slots: int) -> int:
-    """Runs each stream's context is split into (`context_attention(splits=)`): 1 when the row
+    """Runs each stream's keys are split into (`context_attention(splits=)`): 1 when the row
     blocks' CTAs fill the GPU's SMs, else as many as fit in one wave (FILL_CTAS // ctas), each of
     at least MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. A run more than one wave holds starts a
-    second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, session 20), at ctx 32k,
-    Q 1, S 16 (16 CTAs) the kernel with its combine took 0.181 ms in 8 runs and 0.191 in 16; the
-    whole operation with the earlier rule's 9 runs (144 CTAs) took 0.268 ms. (This rule is not yet
-    timed on a GPU.)"""
+    second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, sessions 20-21), at ctx 32k,
+    Q 1, S 16 (16 CTAs) the whole operation took 0.268 ms with the earlier rule's 9 runs (144
+    CTAs) and 0.172 ms with this rule's 8 (and the tail in the kernel)."""
     if ctas >= FILL_CTAS:
         return 1
     return max(1, min(FILL_CTAS // ctas, slots // (PAIR * MIN_SPLIT_PAIRS)))
 
 
-def prepare(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
-            q_rope=None):
+def tail_words(ctx_lens, node_mask, pairs, num_q: int):
+    """The tail's visibility per tree node: bit t % 32 of word t // 32 (int32 [S, Q, W], W = 4 x
+    the most tail pairs) set where key PAIR * pairs[s] + t is the rest of the context (below
+    ctx_lens[s]) or tree token u = key - ctx_lens[s] < Q that the node sees (node_mask's bit u).
+    Also each stream's tail pairs [S]: those that hold its last context keys and its Q tree tokens."""
+    num_s = ctx_lens.shape[0]
+    num_words = 4 * -(-(PAIR - 1 + num_q) // PAIR)
+    key = (PAIR * pairs)[:, None] + jnp.arange(32 * num_words)                         # [S, T]
+    u = key - ctx_lens[:, None]
+    uc = jnp.clip(u, 0, num_q - 1)
+    word = jnp.take_along_axis(node_mask, jnp.broadcast_to((uc // 32)[:, None, :], (num_s, num_q, uc.shape[1])),
+                               axis=2)                                                 # [S, Q, T]
+    sees = (lax.shift_right_logical(word, (uc % 32)[:, None, :]) & 1) == 1
+    ok = (u < 0)[:, None, :] | ((u < num_q)[:, None, :] & sees)                          # [S, Q, T]
+    shifts = jnp.arange(32, dtype=jnp.uint32)
+    words = (ok.reshape(num_s, num_q, num_words, 32).astype(jnp.uint32) << shifts).sum(axis=-1, dtype=jnp.uint32)
+    tail_pairs = (ctx_lens - PAIR * pairs + num_q + PAIR - 1) // PAIR
+    return lax.bitcast_convert_type(words, jnp.int32), tail_pairs
+
+
+def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=None):
     """mla_attention_mosaic's XLA work before the kernel: q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]),
-    kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> (q rows [S, R, Dk] with R = Q * H
-    rounded up to BLOCK_Q, kv with N rounded up to a multiple of 8 and at least PAIR, pairs [S]
-    int32, and the tail's unnormalised O [S, R, v_dim] float32, row max [S, R], row sum [S, R])."""
+    kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> context_attention's operands: q rows
+    [S, R, Dk] with R = Q * H rounded up to BLOCK_Q, kv with N rounded up to a multiple of 8 and at
+    least PAIR, pairs and tail_pairs [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     num_s, a, b, dk = q.shape
     num_q = b if heads_first else a
     rows = a * b
-    # Row r of the flattened query is node r % Q (heads first) or r // H.
-    node_of_row = np.arange(rows) % num_q if heads_first else np.arange(rows) // b
     padded = -(-rows // BLOCK_Q) * BLOCK_Q
     q_pad = jnp.pad(q.reshape(num_s, rows, dk), ((0, 0), (0, padded - rows), (0, 0)))
-    pairs = ctx_lens.astype(jnp.int32) // PAIR
+    ctx_lens = ctx_lens.astype(jnp.int32)
+    pairs = ctx_lens // PAIR
     # TMA reads the cache in (8, 64) tiles and the kernel's first step names keys 0 .. 127: a slot
     # count off a multiple of 8 (model.aligned_slots), or below 128, costs one padded copy.
     pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
     kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
-    t = jnp.arange(num_q)
-    words = lax.bitcast_convert_type(node_mask, jnp.uint32)[:, :, t // 32]
-    visible = ((words >> (t % 32).astype(jnp.uint32)) & 1).astype(bool)               # [S, Q, Q]
-    # The tail runs on the padded rows too (their node: 0), so its parts need no padded copy.
-    tail = _tail(q_pad, kv, ctx_lens.astype(jnp.int32), visible, pairs * PAIR, scale=scale, v_dim=v_dim,
-                 node_of_row=np.pad(node_of_row, (0, padded - rows)))
-    return q_pad, kv_k, pairs, *tail
+    words, tail_pairs = tail_words(ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32), pairs, num_q)
+    # Row r of the flattened query is node r % Q (heads first) or r // H; padded rows: node 0.
+    node_of_row = np.pad(np.arange(rows) % num_q if heads_first else np.arange(rows) // b, (0, padded - rows))
+    tail_bits = jnp.take(words, jnp.asarray(node_of_row), axis=1).swapaxes(1, 2)       # [S, W, R]
+    return q_pad, kv_k, pairs, tail_pairs, tail_bits
 
 
 def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
@@ -435,13 +421,12 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
     stream's context is split into (None: `split_count`'s rule)."""
     num_s, a, b, _ = q.shape
-    q_pad, kv_k, pairs, *tail = prepare(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
-                                        heads_first=heads_first, q_rope=q_rope)
-    cluster, splits = launch(q_pad, kv_k, splits=splits)
+    operands = prepare(q, kv, ctx_lens, node_mask, heads_first=heads_first, q_rope=q_rope)
+    cluster, splits = launch(*operands[:2], splits=splits)
     if splits == 1:
-        out, _ = context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster)
+        out, _ = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
-        out = combine_splits(*context(q_pad, kv_k, pairs, *tail, scale=scale, v_dim=v_dim, cluster=cluster,
+        out = combine_splits(*context(*operands, scale=scale, v_dim=v_dim, cluster=cluster,
                                       splits=splits)).astype(q.dtype)
     return out[:, :a * b].reshape(num_s, a, b, v_dim)
 
@@ -452,22 +437,24 @@ def is_hopper() -> bool:
     return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9.")
 
 
-# Cache slots from which impl="auto" takes this kernel. Below, each CTA covers few key pairs and
-# the tree nodes' own keys, which XLA attends in `_tail`, are a large share of the work: on the
-# H200 (session 20, BENCHMARKS.md issue 5) two-pass Pallas:Triton won at 1k context.
+# impl="auto" takes this kernel for a cache of AUTO_MIN_SLOTS slots or more, or for AUTO_MIN_CTAS
+# row blocks (S * ceil(Q * H / 64)) or more. On the H200 (session 21, BENCHMARKS.md issue 5), at
+# ctx 1k-2k two-pass Pallas:Triton was faster only below 128 CTAs (plain decode, one small tree).
 AUTO_MIN_SLOTS = 4096
+AUTO_MIN_CTAS = 128
 
 
 @registry.chooser("mla_attention")
 def choose(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
            q_rope=None) -> str:
     """impl="auto" on a GPU: "mosaic_gpu" on Hopper when it supports the shapes and the cache has
-    AUTO_MIN_SLOTS slots or more (too few CTAs are made up by `split_count`), else "pallas_triton"."""
+    AUTO_MIN_SLOTS slots or the call AUTO_MIN_CTAS row blocks (too few CTAs are made up by
+    `split_count`), else "pallas_triton"."""
     del ctx_lens, node_mask, scale, heads_first
-    _, a, b, dk = q.shape
+    num_s, a, b, dk = q.shape
     dk += 0 if q_rope is None else q_rope.shape[-1]
-    if is_hopper() and kv.shape[1] >= AUTO_MIN_SLOTS and supported(a * b, dk, v_dim, q.dtype) is None \
-            and kv.dtype == q.dtype:
+    big = kv.shape[1] >= AUTO_MIN_SLOTS or num_s * -(-a * b // BLOCK_Q) >= AUTO_MIN_CTAS
+    if is_hopper() and big and supported(a * b, dk, v_dim, q.dtype) is None and kv.dtype == q.dtype:
         return "mosaic_gpu"
     return "pallas_triton"
 
