@@ -39,7 +39,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from pallas_kernels import registry
@@ -383,7 +382,8 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     """mla_attention_mosaic's XLA work before the kernel: q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]),
     kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> context_attention's operands: q rows
     [S, R, Dk] with R = Q * H rounded up to BLOCK_Q, kv with N rounded up to a multiple of 8 and at
-    least PAIR, pairs and tail_pairs [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row)."""
+    least PAIR, pairs and tail_pairs [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row;
+    zero for padded rows)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     num_s, a, b, dk = q.shape
@@ -398,9 +398,11 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
     kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
     words, tail_pairs = tail_words(ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32), pairs, num_q)
-    # Row r of the flattened query is node r % Q (heads first) or r // H; padded rows: node 0.
-    node_of_row = np.pad(np.arange(rows) % num_q if heads_first else np.arange(rows) // b, (0, padded - rows))
-    tail_bits = jnp.take(words, jnp.asarray(node_of_row), axis=1).swapaxes(1, 2)       # [S, W, R]
+    # Row r of the flattened query is node r % Q (heads first) or r // H: the node's words tiled
+    # or repeated along the rows (a broadcast, no gather); padded rows see no tail key.
+    words = words.swapaxes(1, 2)                                                       # [S, W, Q]
+    per_row = jnp.tile(words, (1, 1, a)) if heads_first else jnp.repeat(words, b, axis=2)
+    tail_bits = jnp.pad(per_row, ((0, 0), (0, 0), (0, padded - rows)))                 # [S, W, R]
     return q_pad, kv_k, pairs, tail_pairs, tail_bits
 
 
