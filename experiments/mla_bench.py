@@ -17,7 +17,7 @@ config's time per shape, the fastest, and its speedup over the first config (the
   python3 experiments/mla_bench.py --ctx=8192 --q=16,64 --streams=16 --impls=pallas_triton --parts \
       --configs=tp128x256x8x3-128x256x64x8x3,tp128x128x8x3-128x256x64x8x3    # each pass alone
   python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16 --streams=1,16 --impls=mosaic_gpu \
-      --parts    # where mosaic_gpu's time goes: XLA prep and tail, kernel, combine
+      --parts    # where mosaic_gpu's time goes: XLA prep (query rows, tail words), kernel, combine
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ flags.DEFINE_list("impls", ["pallas_triton", "xla"],
                   "implementations to time: pallas_triton (with --configs), mosaic_gpu, xla, and auto "
                   "(what impl=\"auto\" runs: registry.get(\"mla_attention\", \"auto\"), its shape rule included)")
 flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone; "
-                  "mosaic_gpu: its XLA prep (with the tail), kernel and combine alone (mosaic_parts)")
+                  "mosaic_gpu: its XLA prep (query rows, tail words), kernel and combine alone (mosaic_parts)")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_bool("in_graph", True, "also time each call inside one jitted program of several calls "
                   "(time_in_graph): without the host's per-call dispatch, as in a model step")
