@@ -18,6 +18,8 @@ config's time per shape, the fastest, and its speedup over the first config (the
       --configs=tp128x256x8x3-128x256x64x8x3,tp128x128x8x3-128x256x64x8x3    # each pass alone
   python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16 --streams=1,16 --impls=mosaic_gpu \
       --parts    # where mosaic_gpu's time goes: XLA prep (query rows, tail words), kernel, combine
+  python3 experiments/mla_bench.py --ctx=8192 --q=1 --streams=1,8 --impls=mosaic_gpu,xla --trace \
+      --mosaic_splits=16,64    # device time per call and its kernels; mosaic_gpu at other run counts
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddtree_jax import bench_util
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import mosaic_gpu, pallas_triton, two_pass, visibility_to_mask, xla
@@ -58,6 +61,11 @@ flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) a
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_bool("in_graph", True, "also time each call inside one jitted program of several calls "
                   "(time_in_graph): without the host's per-call dispatch, as in a model step")
+flags.DEFINE_bool("trace", False, "also profile each timed implementation inside one jitted program of "
+                  "several calls: device-busy time per call (the union of its kernels' intervals, without "
+                  "the host's dispatch, which time_in_graph still divides into small calls) and its top kernels")
+flags.DEFINE_list("mosaic_splits", [], "with --impls=mosaic_gpu: also time it with each of these run counts "
+                  "per stream (rows 'mosaic_gpu sN'; the default row uses mosaic_gpu.split_count's rule)")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3
@@ -79,12 +87,31 @@ def time_jax(fn, arg_sets, target_s: float = 0.05) -> float:
     return statistics.median(times)
 
 
-def time_in_graph(fn, arg_sets, target_s: float = 0.05) -> float:
-    """Seconds per call inside one jitted program that calls fn once on each arg set (distinct
-    inputs, so no call is elided), as in a model step: the host's per-call dispatch, which bounds
-    back-to-back calls of sub-0.1 ms kernels (time_jax), is paid once per len(arg_sets) calls."""
-    batched = jax.jit(lambda sets: [fn(*a) for a in sets])
+def graph_of(fn):
+    """One jitted program that calls fn once on each of its arg sets (distinct inputs, so no call
+    is elided), as in a model step: fn(sets)."""
+    return jax.jit(lambda sets: [fn(*a) for a in sets])
+
+
+def time_in_graph(fn, arg_sets, target_s: float = 0.05, batched=None) -> float:
+    """Seconds per call inside `graph_of(fn)` (or `batched`, that program already built): the
+    host's per-call dispatch, which bounds back-to-back calls of sub-0.1 ms kernels (time_jax),
+    is paid once per len(arg_sets) calls."""
+    batched = batched or graph_of(fn)
     return time_jax(batched, [(tuple(arg_sets),)], target_s) / len(arg_sets)
+
+
+def traced_in_graph(fn, arg_sets, batched=None) -> dict | None:
+    """Device time per call of fn inside `graph_of(fn)` (or `batched`), from a profiler trace:
+    busy_us (union of the kernels' intervals), kernels and the top kernels [{name, count, us}]
+    per call; None off the GPU."""
+    batched = batched or graph_of(fn)
+    traced = bench_util.traced_device_time(batched, tuple(arg_sets), calls=5)
+    if traced is None:
+        return None
+    n = len(arg_sets)
+    return dict(busy_us=traced["busy_us"] / n, kernels=traced["kernels"] / n,
+                top=[dict(k, count=k["count"] / n, us=k["us"] / n) for k in traced["top"]])
 
 
 def measure_ceilings() -> dict:
@@ -226,11 +253,13 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
 
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
-                  in_graph=False, log=print) -> list[dict]:
+                  in_graph=False, trace=False, mosaic_splits=(), log=print) -> list[dict]:
     """Time every (ctx, Q, S) shape; returns one dict per (shape, implementation or config).
 
     The cache has aligned_slots(ctx + Q) slots, as engine.setup allocates; each stream's context
     is ctx and the Q tree nodes' entries follow it. in_graph: also time_in_graph (graph_ms).
+    trace: also traced_in_graph (device_ms, its % of the floor, kernels, top_kernels).
+    mosaic_splits: with "mosaic_gpu" in impls, also rows "mosaic_gpu sN" split into N runs.
 
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
@@ -267,6 +296,9 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                 if "mosaic_gpu" in impls:
                     fns["mosaic_gpu"] = jax.jit(
                         lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim))
+                    for n in mosaic_splits:
+                        fns[f"mosaic_gpu s{n}"] = jax.jit(
+                            lambda *a, n=n: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, splits=n))
                 if "auto" in impls:
                     auto = registry.get("mla_attention", "auto")
                     fns["auto"] = jax.jit(lambda *a: auto(*a, scale=scale, v_dim=v_dim))
@@ -288,9 +320,14 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                             del out
                         sec = time_jax(fn, args)
                         row.update(ms=sec * 1e3, pct_floor=100 * floor / sec, tflops=flops / sec / 1e12)
+                        batched = graph_of(fn)
                         if in_graph:
-                            sec = time_in_graph(fn, args)
+                            sec = time_in_graph(fn, args, batched=batched)
                             row.update(graph_ms=sec * 1e3, graph_pct_floor=100 * floor / sec)
+                        if trace and (traced := traced_in_graph(fn, args, batched=batched)):
+                            row.update(device_ms=traced["busy_us"] / 1e3,
+                                       device_pct_floor=100 * floor * 1e6 / traced["busy_us"],
+                                       kernels=traced["kernels"], top_kernels=traced["top"])
                         if parts and name == "mosaic_gpu":
                             row.update(mosaic_parts(args, scale, v_dim))
                         elif parts and name.startswith("pallas"):
@@ -319,16 +356,19 @@ def _fmt(r: dict) -> str:
         err += (f" | scores {r['scores_ms']:.3f} ms {r['scores_tflops']:.0f} TF/s, "
                 f"P@V {r['pv_ms']:.3f} ms {r['pv_tflops']:.0f} TF/s")
     graph = f" in-graph {r['graph_ms']:.3f} ms {r['graph_pct_floor']:.1f}%" if "graph_ms" in r else ""
+    if "device_ms" in r:
+        graph += (f" device {r['device_ms']:.3f} ms {r['device_pct_floor']:.1f}% ({r['kernels']:.0f} kernels: "
+                  + ", ".join(f"{k['name'][:24]} {k['us']:.1f}" for k in r["top_kernels"][:4]) + " us)")
     return (f"{head} {r['ms']:9.3f} ms  floor {r['floor_ms']:8.3f} ms  {r['pct_floor']:5.1f}% "
             f"{r['tflops']:6.1f} TF/s{graph}{err}")
 
 
 def table(rows: list[dict]) -> str:
     """Markdown: one line per shape, the best of the kernels (pallas configs, mosaic_gpu, auto) vs xla;
-    in-graph: that kernel's time_in_graph (where measured)."""
+    in-graph: that kernel's time_in_graph, device: its traced device-busy time (where measured)."""
     out = ["| ctx | Q | S | GFLOP | MB | floor ms | best ms | % floor | in-graph ms | in-graph % floor "
-           "| xla ms | speedup | kernel |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| device ms | device % floor | xla ms | speedup | kernel |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     shapes = sorted({(r["ctx"], r["q"], r["s"]) for r in rows})
     for shape in shapes:
         rs = [r for r in rows if (r["ctx"], r["q"], r["s"]) == shape and "ms" in r]
@@ -339,6 +379,8 @@ def table(rows: list[dict]) -> str:
         best = min(pal, key=lambda r: r["ms"])
         x = f"{xla[0]['ms']:.3f} | {xla[0]['ms'] / best['ms']:.2f}x" if xla else "- | -"
         graph = f"{best['graph_ms']:.3f} | {best['graph_pct_floor']:.1f}" if "graph_ms" in best else "- | -"
+        graph += (f" | {best['device_ms']:.3f} | {best['device_pct_floor']:.1f}" if "device_ms" in best
+                  else " | - | -")
         out.append(f"| {shape[0]} | {shape[1]} | {shape[2]} | {best['flops'] / 1e9:.1f} | "
                    f"{best['bytes'] / 1e6:.1f} | {best['floor_ms']:.3f} | {best['ms']:.3f} | "
                    f"{best['pct_floor']:.1f} | {graph} | {x} | {best['impl']} |")
@@ -373,7 +415,8 @@ def main(_):
     rows = run_mla_bench([int(x) for x in FLAGS.ctx], [int(x) for x in FLAGS.q],
                          [int(x) for x in FLAGS.streams], heads=FLAGS.heads, dk=FLAGS.dk,
                          v_dim=FLAGS.v_dim, configs=configs, impls=tuple(FLAGS.impls), ceilings=ceilings,
-                         budget_s=FLAGS.budget_s, parts=FLAGS.parts, in_graph=FLAGS.in_graph)
+                         budget_s=FLAGS.budget_s, parts=FLAGS.parts, in_graph=FLAGS.in_graph,
+                         trace=FLAGS.trace, mosaic_splits=[int(n) for n in FLAGS.mosaic_splits])
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,

@@ -451,14 +451,16 @@ def test_registry_auto_dispatches_by_shape(monkeypatch):
 
 def test_mosaic_split_count():
     """Runs per stream: none while the row blocks fill the 132 SMs; else as many as one wave of
-    132 CTAs holds, each of at least 4 pairs (512 keys) of the cache."""
+    132 CTAs holds, each of at least one pair (128 keys) of the cache."""
     assert mosaic_gpu.split_count(132, 1 << 20) == 1 and mosaic_gpu.split_count(4096, 1 << 20) == 1
     assert mosaic_gpu.split_count(16, 32776) == 8          # 128 CTAs; 9 would start a second wave
     assert mosaic_gpu.split_count(64, 32776) == 2
     assert mosaic_gpu.split_count(100, 32776) == 1         # 2 runs would not fit one wave
     assert mosaic_gpu.split_count(8, 32776) == 16
-    assert mosaic_gpu.split_count(1, 8200) == 16           # 8200 slots: 16 runs of 4 pairs at most
-    assert mosaic_gpu.split_count(4, 300) == 1             # fewer than 4 pairs in the cache
+    assert mosaic_gpu.split_count(1, 8200) == 64           # 8200 slots: 64 runs of one pair at most
+    assert mosaic_gpu.split_count(1, 32776) == 132         # one wave
+    assert mosaic_gpu.split_count(4, 300) == 2             # two pairs in the cache
+    assert mosaic_gpu.split_count(4, 100) == 1
 
 
 def test_mosaic_supported_says_why():

@@ -72,8 +72,9 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
     hold finite values (the kernel multiplies them by probability 0).
     splits > 1 splits each stream's pairs + tail_pairs into `splits` runs of ceil(total / splits),
     one CTA each (flash-decoding, for shapes with too few row blocks to fill the GPU), and returns
-    each run's part: (O [splits, S, R, v_dim] float32, lse2 [splits, S, R]); `combine_splits`
-    merges them."""
+    each run's part: (O [splits, S, R, v_dim] in q.dtype, lse2 [splits, S, R] float32);
+    `combine_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
+    reads; the merge's weights come from the float32 lse)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -280,7 +281,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                     jax.ShapeDtypeStruct((num_s, rows), jnp.float32))
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s), ("rows", "stream")
     else:
-        out_type = (jax.ShapeDtypeStruct((splits, num_s, rows, v_dim), jnp.float32),
+        out_type = (jax.ShapeDtypeStruct((splits, num_s, rows, v_dim), q.dtype),
                     jax.ShapeDtypeStruct((splits, num_s, rows), jnp.float32))
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s, splits), ("rows", "stream", "split")
     kernel = plmg.kernel(
@@ -325,16 +326,17 @@ def context_attention_xla(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, 
     if splits == 1:
         out, lse = parts[0]
         return out.astype(q.dtype), lse
-    return jnp.stack([o for o, _ in parts]), jnp.stack([lse for _, lse in parts])
+    return jnp.stack([o.astype(q.dtype) for o, _ in parts]), jnp.stack([lse for _, lse in parts])
 
 
 def combine_splits(o, lse):
-    """The parts of `context_attention(..., splits > 1)`, O [K, S, R, v] float32 and lse2
-    [K, S, R], merged by their log-sum-exp -> O [S, R, v] float32 (zeros where no part saw a key)."""
+    """The parts of `context_attention(..., splits > 1)`, O [K, S, R, v] (any float dtype) and
+    lse2 [K, S, R] float32, merged by their log-sum-exp in float32 -> O [S, R, v] float32 (zeros
+    where no part saw a key)."""
     top = lse.max(axis=0)
     w = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))                       # 0 for empty parts
     den = w.sum(axis=0)
-    return (w[..., None] * o).sum(axis=0) / jnp.where(den > 0, den, 1.0)[..., None]
+    return (w[..., None] * o.astype(jnp.float32)).sum(axis=0) / jnp.where(den > 0, den, 1.0)[..., None]
 
 
 def cluster_size(rows: int) -> int:
@@ -343,16 +345,17 @@ def cluster_size(rows: int) -> int:
 
 
 FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA fills an SM's shared memory
-MIN_SPLIT_PAIRS = 4  # pairs (512 keys) per run at least, so the extra merge stays small
+MIN_SPLIT_PAIRS = 1  # pairs (128 keys) per run at least
 
 
 def split_count(ctas: int, slots: int) -> int:
     """Runs each stream's keys are split into (`context_attention(splits=)`): 1 when the row
     blocks' CTAs fill the GPU's SMs, else as many as fit in one wave (FILL_CTAS // ctas), each of
     at least MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. A run more than one wave holds starts a
-    second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, sessions 20-21), at ctx 32k,
-    Q 1, S 16 (16 CTAs) the whole operation took 0.268 ms with the earlier rule's 9 runs (144
-    CTAs) and 0.172 ms with this rule's 8 (and the tail in the kernel)."""
+    second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, sessions 20-22), at ctx 32k,
+    Q 1, S 16 (16 CTAs) the whole operation took 0.268 ms with 9 runs (144 CTAs) and 0.172 ms
+    with 8; at ctx 8k, Q 1, S 1 the kernel took 23.0 / 16.2 / 13.3 us of device time with 16 /
+    32 / 64 runs (session 22: a run's fixed cost is about 7 us, a pair 3-4 us)."""
     if ctas >= FILL_CTAS:
         return 1
     return max(1, min(FILL_CTAS // ctas, slots // (PAIR * MIN_SPLIT_PAIRS)))
