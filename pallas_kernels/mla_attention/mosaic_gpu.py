@@ -21,11 +21,12 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 stream's pairs are split into runs, one CTA each, whose parts XLA merges (`split_count`,
 `combine_splits`; flash-decoding).
 
-Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-21): no register spills; the
-whole operation reaches 80-86% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
-and for one stream from Q 64 (74% at 32k Q 16), and 67-83% for 32k decode at S 8-16; 1.97-4.4x
-faster than the xla path there. Short calls (8k decode, one stream of Q 16 at 8k) still lose
-most of their time to fixed costs (launches, `prepare`, the combine). impl="auto"
+Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-22): no register spills; the
+whole operation reaches 80-90% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
+and for one stream from Q 64 (75% at 32k Q 16), and 71-84% (device time) for 32k decode at
+S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us + floor / 0.9
+(session 22, H 8-64), so calls whose floor is a few tens of us (8k decode, one stream of Q 16
+at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`. impl="auto"
 takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
 row blocks or more (`choose`). Off the GPU the
 registered function refuses (Mosaic GPU's CPU interpreter does not run this kernel);
