@@ -109,3 +109,26 @@ def test_mla_bench_mosaic_parts_with_the_twin():
     want = mosaic_gpu.mla_attention_mosaic(*args[0], scale=0.2, v_dim=32, context=twin)
     # the wrapper rounds the merged float32 output to bf16 (relative 2^-8); here it stays float32
     np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-2)
+
+
+def test_mla_bench_device_time_is_per_call(monkeypatch):
+    """mla_bench.traced_in_graph: the profile covers one program of len(arg_sets) calls, so its
+    device-busy time, kernel count and top kernels are divided by that count; the row's line and
+    the table show them."""
+    import jax.numpy as jnp
+    from experiments import mla_bench
+    seen = {}
+
+    def fake_trace(fn, sets, calls):
+        seen.update(sets=len(sets), calls=calls)
+        return dict(busy_us=80.0, kernels=12.0, top=[dict(name="body_mosaic_gpu_kernel", count=4.0, us=60.0)])
+
+    monkeypatch.setattr(mla_bench.bench_util, "traced_device_time", fake_trace)
+    got = mla_bench.traced_in_graph(lambda x: x + 1, [(jnp.ones(2),)] * 4)
+    assert seen == dict(sets=4, calls=5)
+    assert got == dict(busy_us=20.0, kernels=3.0, top=[dict(name="body_mosaic_gpu_kernel", count=1.0, us=15.0)])
+    row = dict(ctx=8192, q=1, s=1, impl="mosaic_gpu", flops=1e9, bytes=1e7, floor_ms=0.002, ms=0.07,
+               pct_floor=2.9, tflops=14.0, device_ms=0.020, device_pct_floor=10.0, kernels=3.0,
+               top_kernels=got["top"])
+    assert "device 0.020 ms 10.0% (3 kernels: body_mosaic_gpu_kernel 15.0 us)" in mla_bench._fmt(row)
+    assert "| 0.020 | 10.0 |" in mla_bench.table([row])
