@@ -17,6 +17,10 @@ kernel for CUDA and stops (the CPU test of this script).
   python3 experiments/mla_mosaic_probe.py --out=$OUT/probe.json
   python3 experiments/mla_mosaic_probe.py --shapes=8192:16:16 --dump > $OUT/dump.txt
   python3 experiments/mla_mosaic_probe.py --shapes=32768:1:16,8192:16:1 --splits=1,4,8    # decode, 1 stream
+  python3 experiments/mla_mosaic_probe.py --shapes=8192:1:1,8192:1:16 --splits=8,64 --profile   # phases
+With --profile each kernel also runs under Mosaic GPU's in-kernel profiler (context_attention's
+profile_dir): per warpgroup role and phase (consumers: wait_q, context, tail, epilogue; producer:
+loads) the median and max duration over CTAs, and when the CTAs start and end.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import sys
 import tempfile
 
 from absl import app, flags
+import numpy as np
 
 from experiments.mla_bench import make_inputs, measure_ceilings, time_jax   # also defines --heads, --dk, --v_dim, --out
 
@@ -41,8 +46,28 @@ flags.DEFINE_list("splits", ["1"], "runs each stream's context is split into (co
 flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
 flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")
 flags.DEFINE_bool("lower_only", False, "lower the kernel for CUDA and stop (runs on a CPU)")
+flags.DEFINE_bool("profile", False, "also run each kernel once under Mosaic GPU's in-kernel profiler and "
+                  "report its phases per warpgroup (profile_phases); with --lower_only, lower that form too")
 
 _TOL = 1e-2         # bf16 O against the float32 twin
+
+
+def profiled(run, operands) -> dict:
+    """run(*operands, profile_dir=d) twice (the trace of the first, cold call is dropped) ->
+    profile_phases of the second call's trace."""
+    import jax
+    with tempfile.TemporaryDirectory() as d:
+        fn = jax.jit(functools.partial(run, profile_dir=d))
+        for _ in range(2):
+            for name in os.listdir(d):
+                os.remove(os.path.join(d, name))
+            jax.block_until_ready(fn(*operands))
+            jax.effects_barrier()           # the trace is written by a host callback
+        names = [n for n in os.listdir(d) if n.endswith("-trace.json")]
+        if len(names) != 1:
+            raise RuntimeError(f"expected one profiler trace in {d}, found {names}")
+        with open(os.path.join(d, names[0])) as f:
+            return profile_phases(json.load(f))
 
 
 @contextlib.contextmanager
@@ -72,6 +97,35 @@ def ptxas_summary(report: str) -> dict:
     return out
 
 
+_ROLES = ("consumer0", "consumer1", "producer")     # warpgroup 0, 1, 2 of a CTA
+
+
+def profile_phases(trace: dict) -> dict:
+    """Mosaic GPU profiler trace (Chrome JSON: B/E events, ts in us, tid = 1 + warpgroup + 3 CTA) ->
+    span_us (first event to last), ctas, start_us / end_us (each CTA's first and last event after
+    the kernel's first: median, max) and per "role/phase" the duration in us (median, max over
+    CTAs; a phase entered several times is summed per CTA)."""
+    events = sorted(trace["traceEvents"], key=lambda e: e["ts"])
+    if not events:
+        return {}
+    t0 = events[0]["ts"]
+    open_at, spent, first, last = {}, {}, {}, {}
+    for e in events:
+        cta, role = divmod(e["tid"] - 1, len(_ROLES))
+        key = (cta, f"{_ROLES[role]}/{e['name']}")
+        first.setdefault(cta, e["ts"] - t0)
+        last[cta] = e["ts"] - t0
+        if e["ph"] == "B":
+            open_at[key] = e["ts"]
+        elif key in open_at:
+            spent[key] = spent.get(key, 0.0) + e["ts"] - open_at.pop(key)
+    stat = lambda xs: dict(median=float(np.median(xs)), max=float(np.max(xs)))  # noqa: E731
+    names = sorted({name for _, name in spent})
+    return dict(span_us=events[-1]["ts"] - t0, ctas=len(first), start_us=stat(list(first.values())),
+                end_us=stat(list(last.values())),
+                phases={n: stat([t for (_, m), t in spent.items() if m == n]) for n in names})
+
+
 def main(_):
     if FLAGS.ptxas or FLAGS.dump:     # read by the compiler at compile time: set before anything compiles
         os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
@@ -79,7 +133,6 @@ def main(_):
         os.environ.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_SASS="1")
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from ddtree_jax import model
     from pallas_kernels.mla_attention import mosaic_gpu
@@ -101,13 +154,21 @@ def main(_):
         r, r_pad = num_q * heads, q.shape[1]
         cluster = mosaic_gpu.cluster_size(r_pad)
 
-        def run(*args, cluster=cluster, splits=splits):
-            o, lse = mosaic_gpu.context_attention(*args, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits)
+        def run(*args, cluster=cluster, splits=splits, profile_dir=""):
+            o, lse = mosaic_gpu.context_attention(*args, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits,
+                                                  profile_dir=profile_dir)
             # above one run, the parts merged as mla_attention_mosaic merges them
             return (o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse), lse)
         fn = jax.jit(run)
         if FLAGS.lower_only:
             fn.trace(*operands).lower(lowering_platforms=("cuda",))
+            if FLAGS.profile:     # the kernel lowers first; the trace's host callback cannot lower off the GPU
+                try:
+                    jax.jit(functools.partial(run, profile_dir=tempfile.gettempdir())).trace(*operands).lower(
+                        lowering_platforms=("cuda",))
+                except ValueError as e:
+                    if "different from the lowering platform" not in str(e):
+                        raise
             print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits}: lowered")
             continue
         o_ref, lse_ref = mosaic_gpu.context_attention_xla(operands[0][:1].astype(jnp.float32),
@@ -135,6 +196,8 @@ def main(_):
                 raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
             sec = time_jax(fn, [operands])
             row.update(ms=sec * 1e3, tflops=flops / sec / 1e12, pct_floor=100 * floor / sec)
+            if FLAGS.profile:
+                row["profile"] = profiled(run, operands)
         except Exception as e:  # report and go on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         rows.append(row)
@@ -154,6 +217,12 @@ def main(_):
                  else f"error | - | -")
         print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['splits']} | {r['cluster']} | {r.get('registers', '-')} | {spill} | "
               f"{r['floor_ms']:.3f} | {timed} |")
+    for r in rows:
+        if p := r.get("profile"):
+            phases = ", ".join(f"{n} {v['median']:.1f}/{v['max']:.1f}" for n, v in p["phases"].items())
+            print(f"ctx={r['ctx']} Q={r['q']} S={r['s']} splits={r['splits']}: {p['ctas']} CTAs over "
+                  f"{p['span_us']:.1f} us; CTA start {p['start_us']['median']:.1f}/{p['start_us']['max']:.1f}, "
+                  f"end {p['end_us']['median']:.1f}/{p['end_us']['max']:.1f}; us median/max: {phases}")
 
 
 if __name__ == "__main__":

@@ -71,9 +71,10 @@ def test_mla_bench_runs_on_the_cpu():
 
 def test_mla_mosaic_probe_lowers():
     """experiments/mla_mosaic_probe.py --lower_only: the Mosaic GPU kernel in clusters of two and of
-    one, whole and with each stream's context split into 3 runs, lowered for CUDA on the CPU."""
+    one, whole and with each stream's context split into 3 runs, lowered for CUDA on the CPU, also
+    with the in-kernel profiler (--profile: its buffer must fit the shared memory left over)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "experiments/mla_mosaic_probe.py", "--lower_only",
+    out = subprocess.run([sys.executable, "experiments/mla_mosaic_probe.py", "--lower_only", "--profile",
                           "--shapes=1024:2:2,1024:3:1,2048:1:2", "--splits=1,3"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
@@ -132,3 +133,25 @@ def test_mla_bench_device_time_is_per_call(monkeypatch):
                top_kernels=got["top"])
     assert "device 0.020 ms 10.0% (3 kernels: body_mosaic_gpu_kernel 15.0 us)" in mla_bench._fmt(row)
     assert "| 0.020 | 10.0 |" in mla_bench.table([row])
+
+
+def test_mla_mosaic_probe_reads_the_profiler_trace():
+    """profile_phases on a Mosaic GPU profiler trace (B/E events, tid = 1 + warpgroup + 3 CTA): two
+    CTAs; consumer 0's "context" entered twice in CTA 1 (summed); CTA 1 starts 2 us late."""
+    from experiments.mla_mosaic_probe import profile_phases
+    ev = lambda name, ph, ts, tid: dict(name=name, ph=ph, ts=ts, pid=1, tid=tid)  # noqa: E731
+    trace = dict(traceEvents=[
+        ev("wait_q", "B", 10.0, 1), ev("wait_q", "E", 11.0, 1),
+        ev("context", "B", 11.0, 1), ev("context", "E", 15.0, 1),
+        ev("loads", "B", 10.0, 3), ev("loads", "E", 14.0, 3),
+        ev("context", "B", 12.0, 4), ev("context", "E", 14.0, 4),
+        ev("context", "B", 15.0, 4), ev("context", "E", 18.0, 4),
+        ev("epilogue", "B", 18.0, 5), ev("epilogue", "E", 20.0, 5)])
+    got = profile_phases(trace)
+    assert got["span_us"] == 10.0 and got["ctas"] == 2
+    assert got["start_us"] == dict(median=1.0, max=2.0) and got["end_us"] == dict(median=7.5, max=10.0)
+    assert got["phases"] == {"consumer0/context": dict(median=4.5, max=5.0),
+                             "consumer0/wait_q": dict(median=1.0, max=1.0),
+                             "consumer1/epilogue": dict(median=2.0, max=2.0),
+                             "producer/loads": dict(median=4.0, max=4.0)}
+    assert profile_phases(dict(traceEvents=[])) == {}

@@ -48,6 +48,7 @@ BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
 BLOCK_K = 64        # keys per tile
 PAIR = 2 * BLOCK_K  # keys per step of the two consumers; the kernel covers ctx // PAIR pairs
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
+PROFILE_RANGES = 8  # phases the profiler may record per warpgroup (context_attention(profile_dir=))
 
 
 def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
@@ -62,7 +63,7 @@ def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
 
 
 def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
-                      splits: int = 1):
+                      splits: int = 1, profile_dir: str = ""):
     """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs, tail_pairs [S] int32, tail_bits [S, W, R]
     int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of row r of stream s over
     every key below 128 * pairs[s], and over tail key 128 * pairs[s] + t (t < 128 * tail_pairs[s])
@@ -75,7 +76,10 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
     one CTA each (flash-decoding, for shapes with too few row blocks to fill the GPU), and returns
     each run's part: (O [splits, S, R, v_dim] in q.dtype, lse2 [splits, S, R] float32);
     `combine_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
-    reads; the merge's weights come from the float32 lse)."""
+    reads; the merge's weights come from the float32 lse).
+    profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
+    wait_q, context, tail, epilogue; producer: loads) and writes a Chrome trace per compiled call
+    there (experiments/mla_mosaic_probe.py --profile reads it)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -132,8 +136,9 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                 for j in range(2):
                     plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
 
-            pl.when(num_pairs > 0)(prefetch)
-            pl.loop(2, 2 * num_pairs)(load)
+            with jax.named_scope("loads"):
+                pl.when(num_pairs > 0)(prefetch)
+                pl.loop(2, 2 * num_pairs)(load)
 
         def consumer(w: int):
             """Consumer w: scores tiles 2i + w (slot w), owns output columns [w, w + 1) * half."""
@@ -141,7 +146,8 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
             cols = pl.ds(w * half, half)
             plmg.set_max_registers(232, action="increase")
             slot_smem[w] = jnp.int32(w)
-            plmg.barrier_wait(q_bar)
+            with jax.named_scope("wait_q"):
+                plmg.barrier_wait(q_bar)
 
             def scores(mine):
                 plmg.barrier_wait(k_full.at[w])
@@ -224,34 +230,42 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                     return own_tile(*take_other(acc, m, l, mine, tail), sc, mine, tail)
                 return run
 
+            def epilogue(acc, m, l):
+                """The two consumers' row sums added; O normalised and written; lse (consumer 0)."""
+                own_row, their_row = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
+                stat_smem[own_row] = l
+                plmg.commit_smem()
+                plmg.barrier_arrive(l_bar)
+                plmg.barrier_wait(l_bar)
+                l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
+                # Normalise and write O 64 columns at a time; a row that saw no key gives zeros and
+                # lse -inf (its row max -inf, its row sum 0).
+                inv = lax.broadcast_in_dim(1.0 / jnp.where(l_tot > 0, l_tot, 1.0), (BLOCK_Q, 64), [0])
+                for j in range(half // 64):
+                    out_cols = pl.ds(w * half + j * 64, 64)
+                    out_at = (o_ref.at[s, rows_here, out_cols] if splits == 1
+                              else o_ref.at[split, s, rows_here, out_cols])
+                    out_at[...] = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
+                if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
+                    stat_smem[2] = m + jnp.log2(l_tot)
+                    plmg.commit_smem()
+                    lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
+                    plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
+                    plmg.wait_smem_to_gmem(0)
+                if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
+                    plmg.barrier_arrive(done)
+                    plmg.barrier_wait(done)
+
             m0 = plmg.layout_cast(jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32), row_layout)
             l0 = plmg.layout_cast(jnp.full((BLOCK_Q,), 0.0, jnp.float32), row_layout)
             acc0 = plmg.layout_cast(jnp.full((BLOCK_Q, half), 0.0, jnp.float32), plmg.Layout.WGMMA)
-            carry = lax.fori_loop(0, plain, step(False), (acc0, m0, l0))
-            acc, m, l = lax.fori_loop(0, masked, step(True), carry)
-
-            own_row, their_row = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
-            stat_smem[own_row] = l
-            plmg.commit_smem()
-            plmg.barrier_arrive(l_bar)
-            plmg.barrier_wait(l_bar)
-            l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
-            # Normalise and write O 64 columns at a time; a row that saw no key gives zeros and
-            # lse -inf (its row max -inf, its row sum 0).
-            inv = lax.broadcast_in_dim(1.0 / jnp.where(l_tot > 0, l_tot, 1.0), (BLOCK_Q, 64), [0])
-            for j in range(half // 64):
-                out_cols = pl.ds(w * half + j * 64, 64)
-                out_at = o_ref.at[s, rows_here, out_cols] if splits == 1 else o_ref.at[split, s, rows_here, out_cols]
-                out_at[...] = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
-            if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
-                stat_smem[2] = m + jnp.log2(l_tot)
-                plmg.commit_smem()
-                lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
-                plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
-                plmg.wait_smem_to_gmem(0)
-            if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
-                plmg.barrier_arrive(done)
-                plmg.barrier_wait(done)
+            # Named scopes: the phases Mosaic GPU's profiler records (context_attention(profile_dir=)).
+            with jax.named_scope("context"):
+                carry = lax.fori_loop(0, plain, step(False), (acc0, m0, l0))
+            with jax.named_scope("tail"):
+                acc, m, l = lax.fori_loop(0, masked, step(True), carry)
+            with jax.named_scope("epilogue"):
+                epilogue(acc, m, l)
 
         pl.when(wg == 0)(lambda: consumer(0))
         pl.when(wg == 1)(lambda: consumer(1))
@@ -292,7 +306,9 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
         num_threads=3, thread_name="wg", scratch_types=scratch,
         # The WGMMA layout's row reductions stay within a warp: no reduction scratch, which
         # would not fit beside Q and two 576-wide key tiles.
-        compiler_params=plmg.CompilerParams(approx_math=True, reduction_scratch_bytes=0),
+        compiler_params=plmg.CompilerParams(
+            approx_math=True, reduction_scratch_bytes=0,
+            **(dict(profile_space=PROFILE_RANGES, profile_dir=profile_dir) if profile_dir else {})),
     )
     return kernel(q, kv, pairs.astype(jnp.int32), tail_pairs.astype(jnp.int32), tail_bits.astype(jnp.int32))
 
