@@ -21,11 +21,15 @@ def _draw(rng, kind, R, V):
         return np.full((R, V), -1.5, np.float32)
     if kind == "zeros":  # -0.0 and 0.0 are equal
         return rng.choice(np.array([0.0, -0.0, 1.0, -np.inf], np.float32), size=(R, V))
+    if kind == "zero_ties":  # the tie at the k-th place is between -0.0 and 0.0
+        return rng.choice(np.array([0.0, -0.0, -1.0], np.float32), size=(R, V))
+    if kind == "neg_inf":  # rows of -inf only: lse -inf
+        return np.full((R, V), -np.inf, np.float32)
     raise ValueError(kind)
 
 
 # Few distinct shapes: each one compiles the interpret-mode kernels once (CPU time budget).
-CASES = [(3, 37, 5, "normal"), (3, 37, 5, "zeros"), (2, 300, 20, "ints"), (2, 300, 20, "const"),
+CASES = [(3, 37, 5, "normal"), (3, 37, 5, "zeros"), (3, 37, 5, "zero_ties"), (3, 37, 5, "neg_inf"), (2, 300, 20, "ints"), (2, 300, 20, "const"),
          (2, 64, 64, "ints"), (1, 1, 1, "normal")]
 
 

@@ -29,15 +29,20 @@ def check_args(x, k) -> None:
         raise ValueError(f"k must be an int in [1, V={x.shape[1]}]; got {k!r}")
 
 
+def _top_k(x: jax.Array, k: int):
+    """jax.lax.top_k on float32 x with -0.0 taken as 0.0 (lax.top_k ranks -0.0 below 0.0)."""
+    return jax.lax.top_k(jnp.where(x == 0, 0.0, x), k)
+
+
 @registry.register("topk", "xla")
 def topk_xla(x: jax.Array, k: int):
-    return jax.lax.top_k(x.astype(jnp.float32), k)
+    return _top_k(x.astype(jnp.float32), k)
 
 
 @registry.register("topk_logsumexp", "xla")
 def topk_logsumexp_xla(x: jax.Array, k: int):
     x = x.astype(jnp.float32)
-    values, indices = jax.lax.top_k(x, k)
+    values, indices = _top_k(x, k)
     return values, indices, jax.nn.logsumexp(x, axis=-1)
 
 

@@ -161,8 +161,9 @@ def _select_kernel(x_ref, gm_ref, *refs, num_groups: int, num_blocks: int, g: in
         pm = plgpu.load(pm_ref.at[r, jnp.arange(ok.shape[0])], mask=ok, other=-jnp.inf)
         ps = plgpu.load(ps_ref.at[r, jnp.arange(ok.shape[0])], mask=ok, other=0.0)
         m = jnp.max(pm)
+        m_safe = jnp.where(m == -jnp.inf, 0.0, m)      # a row of -inf: lse -inf, not NaN
         plgpu.store(lse_ref.at[pl.ds(r, 1)],
-                    jnp.full((1,), m + jnp.log(jnp.sum(ps * jnp.exp(pm - m)))))
+                    jnp.full((1,), m + jnp.log(jnp.sum(ps * jnp.exp(pm - m_safe)))))
     capg = gsel_ref.shape[1]
     # Groups: a prefix of (gm desc, group asc) holding the first k groups, at most capg of them.
     gidx = jnp.arange(pow2_at_least(num_groups))

@@ -13,7 +13,9 @@ def topk_ref(x, k: int):
 
 
 def logsumexp_ref(x) -> np.ndarray:
-    """x [R, V] -> float64 [R] log(sum(exp(x)))."""
+    """x [R, V] -> float64 [R] log(sum(exp(x))) (-inf for a row of -inf)."""
     x = np.asarray(x, np.float64)
     m = x.max(-1)
-    return m + np.log(np.exp(x - m[:, None]).sum(-1))
+    m_safe = np.where(m == -np.inf, 0.0, m)
+    with np.errstate(divide="ignore"):
+        return m + np.log(np.exp(x - m_safe[:, None]).sum(-1))
