@@ -4,8 +4,10 @@ Implementations: "xla" (pure JAX; the reference path, runs everywhere), "pallas_
 (Pallas lowered through Triton; `interpret=True` off the GPU), "triton" (a raw Triton kernel
 through jax-triton; GPU only), "mosaic_gpu" (Pallas lowered through Mosaic GPU; Hopper only).
 `resolve(op, impl)` turns "auto" into the best implementation for the current backend; an
-operation with a shape rule (`chooser`) may then pick another per call on a GPU. The model asks
-for an operation and never imports a kernel directly.
+operation with a shape rule (`chooser`) may then pick another per call on a GPU, and "auto" never
+picks an implementation whose `supports` rule refuses the call: it falls back along the GPU
+preference to "xla", which takes every shape. The model asks for an operation and never imports
+a kernel directly.
 """
 
 from __future__ import annotations
@@ -18,17 +20,22 @@ import jax
 IMPLS = ("xla", "pallas_triton", "triton", "mosaic_gpu")
 _REGISTRY: dict[str, dict[str, Callable]] = {}
 _CHOOSERS: dict[str, Callable[..., str]] = {}
+_SUPPORTS: dict[tuple[str, str], Callable[..., str | None]] = {}
 # Preference order for impl="auto" on a GPU backend; the CPU always gets "xla".
 _GPU_PREFERENCE = ("pallas_triton", "triton", "xla")
 
 
-def register(op: str, impl: str):
-    """Decorator: register `fn` as implementation `impl` of operation `op`."""
+def register(op: str, impl: str, supports: Callable[..., str | None] | None = None):
+    """Decorator: register `fn` as implementation `impl` of operation `op`. supports(*args,
+    **kwargs) (same arguments as fn, called at trace time) -> None, or why `fn` cannot take the
+    call (fn itself then raises ValueError with that reason); None: every call."""
     if impl not in IMPLS:
         raise ValueError(f"unknown kernel implementation {impl!r}; expected one of {IMPLS}")
 
     def deco(fn):
         _REGISTRY.setdefault(op, {})[impl] = fn
+        if supports is not None:
+            _SUPPORTS[(op, impl)] = supports
         return fn
 
     return deco
@@ -66,16 +73,29 @@ def resolve(op: str, impl: str = "auto") -> str:
 
 
 def get(op: str, impl: str = "auto") -> Callable:
-    """The function implementing `op` under `impl` ("auto" picks by backend, and on a GPU by the
-    operation's shape rule where it has one)."""
+    """The function implementing `op` under `impl` ("auto" picks by backend, and on a GPU per call
+    by the operation's shape rule and its implementations' `supports` rules)."""
     name = resolve(op, impl)  # loads the kernel modules first
-    if impl == "auto" and jax.default_backend() == "gpu" and op in _CHOOSERS:
+    if impl == "auto" and jax.default_backend() == "gpu" and (
+            op in _CHOOSERS or any(key[0] == op for key in _SUPPORTS)):
         return functools.partial(_dispatch, op)
     return _REGISTRY[op][name]
 
 
+def auto_impl(op: str, *args, **kwargs) -> str:
+    """The implementation impl="auto" takes on a GPU for this call: the shape rule's pick (else
+    the GPU preference's first), or the next in the preference whose `supports` rule takes it."""
+    available = implementations(op)
+    first = [_CHOOSERS[op](*args, **kwargs)] if op in _CHOOSERS else []
+    for impl in first + [i for i in _GPU_PREFERENCE if i in available]:
+        rule = _SUPPORTS.get((op, impl))
+        if rule is None or rule(*args, **kwargs) is None:
+            return impl
+    raise ValueError(f"kernel operation {op!r}: no implementation takes this call")
+
+
 def _dispatch(op: str, *args, **kwargs):
-    return _REGISTRY[op][_CHOOSERS[op](*args, **kwargs)](*args, **kwargs)
+    return _REGISTRY[op][auto_impl(op, *args, **kwargs)](*args, **kwargs)
 
 
 @functools.cache

@@ -118,6 +118,14 @@ def test_bad_arguments_are_named(change, match):
                     norm=None if norm is None else jnp.asarray(norm), eps=1e-6, impl="xla")
 
 
+def test_pallas_refuses_a_head_dim_it_cannot_take():
+    """The kernel's RoPE halves are power-of-two aranges: head_dim 48 is refused by name (impl
+    "auto" on a GPU then takes "xla", tests/test_registry.py)."""
+    x, pos, wq, wk, wv, qn, kn, inv, norm = _inputs(np.random.default_rng(0), 1, 4, 32, 2, 1, 48)
+    with pytest.raises(ValueError, match="head_dim = 2 x a power of two.*head_dim=48"):
+        drafter_qkv_pallas(*map(jnp.asarray, (x, pos, wq, wk, wv, qn, kn, inv)), norm=jnp.asarray(norm), eps=1e-6)
+
+
 def test_drafter_equal_across_implementations():
     """The cached drafter (context append, then a block) gives the same hidden states with the
     projection and attention kernels as with the xla path (float32)."""

@@ -60,7 +60,7 @@ CASES = {
 
 def refused(impl, q, dk, v_dim, call) -> bool:
     """mosaic_gpu refuses shapes and dtypes its kernel cannot take: check that it says why."""
-    why = mosaic_gpu.supported(q.shape[1] * q.shape[2], dk, v_dim, q.dtype) if impl == "mosaic_gpu" else None
+    why = mosaic_gpu.supported(dk, v_dim, q.dtype) if impl == "mosaic_gpu" else None
     if why:
         with pytest.raises(ValueError, match=re.escape(why)):
             call()
@@ -398,9 +398,9 @@ MOSAIC_CASES = [  # (seed, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("splits", [None, 3])
 def test_mosaic_parts_around_the_kernel(case, dtype, splits):
-    """mosaic_gpu's split (whole 128-key pairs to the kernel, the rest of the context and the tree
-    in XLA, merged by log-sum-exp), with the kernel replaced by its XLA twin: equals the golden;
-    splits=3: each stream's pairs also split into 3 runs (some empty) merged by combine_splits."""
+    """mosaic_gpu's XLA work around the kernel (`prepare`: query rows and the tail's mask words),
+    with the kernel replaced by its XLA twin: equals the golden; splits=3: each stream's pairs
+    split into 3 runs (some empty) merged by combine_splits."""
     seed, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
     q, kv, ctx_lens, node_mask, _ = make_case(seed, num_s, num_q, num_h, dk, v_dim, n, ctx,
                                               ["bushy", "chain", "star"], dtype)
@@ -426,27 +426,17 @@ def test_mosaic_parts_around_the_kernel(case, dtype, splits):
     (False, (16, 16, 64), 9000, jnp.bfloat16, "pallas_triton"),  # not Hopper
 ])
 def test_mosaic_auto_choice(monkeypatch, hopper, shape, slots, dtype, want):
-    """impl="auto"'s shape rule for mla_attention on a GPU (mosaic_gpu.choose)."""
+    """impl="auto" for mla_attention on a GPU: the shape rule (mosaic_gpu.choose), then the
+    registry's fallback where the kernel refuses the call (mosaic_gpu.supports)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(mosaic_gpu, "is_hopper", lambda: hopper)
     num_s, num_q, num_h = shape
     q = jax.ShapeDtypeStruct((num_s, num_h, num_q, 512), dtype)
     rope = jax.ShapeDtypeStruct((num_s, num_h, num_q, 64), dtype)
     kv = jax.ShapeDtypeStruct((num_s, slots, 576), dtype)
-    assert mosaic_gpu.choose(q, kv, None, None, scale=0.1, v_dim=512, heads_first=True, q_rope=rope) == want
-
-
-def test_registry_auto_dispatches_by_shape(monkeypatch):
-    """On a GPU backend, get(op, "auto") for an operation with a chooser calls the implementation
-    the chooser names for each call's arguments; off the GPU "auto" stays "xla"."""
-    calls = []
-    impls = {name: (lambda x, name=name: calls.append(name) or name) for name in ("xla", "pallas_triton", "mosaic_gpu")}
-    monkeypatch.setitem(registry._REGISTRY, "test_op", impls)
-    monkeypatch.setitem(registry._CHOOSERS, "test_op", lambda x: "mosaic_gpu" if x > 1 else "pallas_triton")
-    assert registry.get("test_op", "auto")(5) == "xla"             # this CPU backend
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    fn = registry.get("test_op", "auto")
-    assert (fn(5), fn(0)) == ("mosaic_gpu", "pallas_triton")
-    assert registry.get("test_op", "xla")(5) == "xla"              # a named impl bypasses the chooser
+    got = registry.auto_impl("mla_attention", q, kv, None, None, scale=0.1, v_dim=512, heads_first=True,
+                             q_rope=rope)
+    assert got == want
 
 
 def test_mosaic_split_count():
@@ -464,13 +454,13 @@ def test_mosaic_split_count():
 
 
 def test_mosaic_supported_says_why():
-    assert mosaic_gpu.supported(64, 576, 512, jnp.bfloat16) is None
-    assert "dtype" in mosaic_gpu.supported(64, 576, 512, jnp.float32)
-    assert "v_dim % 128" in mosaic_gpu.supported(64, 576, 500, jnp.bfloat16)
-    assert "too wide" in mosaic_gpu.supported(64, 640, 512, jnp.bfloat16)
+    assert mosaic_gpu.supported(576, 512, jnp.bfloat16) is None
+    assert "dtype" in mosaic_gpu.supported(576, 512, jnp.float32)
+    assert "v_dim % 128" in mosaic_gpu.supported(576, 500, jnp.bfloat16)
+    assert "too wide" in mosaic_gpu.supported(640, 512, jnp.bfloat16)
 
 
-@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the refusal off the GPU")
+@pytest.mark.skipif(mosaic_gpu.is_hopper(), reason="checks the refusal off a Hopper GPU")
 def test_mosaic_refuses_without_gpu():
     q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 64, 576, 512, 140, [130], ["chain"], jnp.bfloat16)
     with pytest.raises(ValueError, match="needs a Hopper GPU"):
@@ -486,7 +476,7 @@ MOSAIC_GPU_CASES = [  # (seed, S, Q, H, N, ctx): K2 widths, bf16
 ]
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("case", MOSAIC_GPU_CASES, ids=lambda c: f"seed{c[0]}")
 def test_gpu_mosaic_k2_shapes(case):
     """The compiled Mosaic GPU kernel at K2 widths and real contexts, both layouts and the rope part
@@ -514,7 +504,7 @@ def random_tail_bits(rng, pairs, num_words: int, rows: int, num_slots: int, empt
     return words.astype(np.uint32).view(np.int32)
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("rows,cluster,counts,tails,splits", [
     (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 1), (192, 1, [0, 1, 7, 64], [0, 1, 3, 1], 1),
     (128, 2, [7] * 4, [2] * 4, 1), (192, 1, [0] * 4, [0, 1, 0, 2], 1),

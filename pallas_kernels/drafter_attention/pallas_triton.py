@@ -105,8 +105,7 @@ def drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scal
     kvh, num_slots = ctx_k.shape[-3], ctx_k.shape[-2]
     group = h // kvh
     if hd & (hd - 1) or block_n & (block_n - 1):
-        raise ValueError(f"pallas_triton drafter_attention needs a power-of-two head_dim and "
-                         f"block_n; got head_dim={hd}, block_n={block_n}")
+        raise ValueError(f"pallas_triton drafter_attention {_NEEDS_POW2}; got head_dim={hd}, block_n={block_n}")
     splits = num_splits or default_splits(bsz * kvh, num_slots, block_n)
     split_len = -(-(-(-num_slots // splits)) // block_n) * block_n
     dt = ctx_k.dtype
@@ -164,7 +163,16 @@ def _drop_aliased_inputs(kernel, n):
     return wrapped
 
 
-@registry.register("drafter_attention", "pallas_triton")
+_NEEDS_POW2 = "needs a power-of-two head_dim and block_n"
+
+
+def supports(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float, layer: int | None = None) -> str | None:
+    """Why the registered "pallas_triton" implementation cannot take this call, or None."""
+    hd = q.shape[-1]
+    return f"{_NEEDS_POW2}; got head_dim={hd}" if hd & (hd - 1) else None
+
+
+@registry.register("drafter_attention", "pallas_triton", supports=supports)
 def _registered(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float,
                 layer: int | None = None) -> jax.Array:
     return drafter_attention_pallas(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, scale=scale,

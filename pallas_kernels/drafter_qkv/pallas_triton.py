@@ -96,6 +96,8 @@ def drafter_qkv_pallas(x, positions, wq, wk, wv, q_norm, k_norm, inv_freq, *, no
     poison: outputs start as NaN (tests: every element must be written)."""
     bsz, t, d = x.shape
     hd = k_norm.shape[0]
+    if why := _head_dim_supported(hd):
+        raise ValueError(f"pallas_triton drafter_qkv {why}")
     nq = 0 if wq is None else wq.shape[1] // hd
     nkv = wk.shape[1] // hd
     rows = bsz * t
@@ -118,4 +120,16 @@ def drafter_qkv_pallas(x, positions, wq, wk, wv, q_norm, k_norm, inv_freq, *, no
     return (got[0] if nq else None), got[-2], got[-1]
 
 
-registry.register("drafter_qkv", "pallas_triton")(drafter_qkv_pallas)
+def _head_dim_supported(hd: int) -> str | None:
+    half = hd // 2
+    if hd % 2 or half & (half - 1):
+        return f"needs head_dim = 2 x a power of two (k_norm's length); got head_dim={hd}"
+    return None
+
+
+def supports(x, positions, wq, wk, wv, q_norm, k_norm, inv_freq, **kwargs) -> str | None:
+    """Why the registered "pallas_triton" implementation cannot take this call, or None."""
+    return _head_dim_supported(k_norm.shape[0])
+
+
+registry.register("drafter_qkv", "pallas_triton", supports=supports)(drafter_qkv_pallas)

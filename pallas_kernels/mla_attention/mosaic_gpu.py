@@ -28,8 +28,8 @@ S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us 
 (session 22, H 8-64), so calls whose floor is a few tens of us (8k decode, one stream of Q 16
 at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`. impl="auto"
 takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
-row blocks or more (`choose`). Off the GPU the
-registered function refuses (Mosaic GPU's CPU interpreter does not run this kernel);
+row blocks or more (`choose`). Off a Hopper GPU the
+registered function refuses (`supports`; Mosaic GPU's CPU interpreter does not run this kernel);
 `context_attention_xla` stands in for the kernel in the CPU tests of the rest.
 """
 
@@ -51,8 +51,8 @@ _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
 PROFILE_RANGES = 8  # phases the profiler may record per warpgroup (context_attention(profile_dir=))
 
 
-def supported(rows: int, dk: int, v_dim: int, dtype) -> str | None:
-    """Why the kernel cannot take these shapes, or None when it can."""
+def supported(dk: int, v_dim: int, dtype) -> str | None:
+    """Why the kernel cannot take these dims and dtype, or None when it can."""
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"dtype must be bfloat16 or float16; got {jnp.dtype(dtype)}"
     if dk % 64 or v_dim % 128 or v_dim > dk:
@@ -85,7 +85,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
 
     num_s, rows, dk = q.shape
     half = v_dim // 2
-    if (why := supported(rows, dk, v_dim, q.dtype)) or rows % (BLOCK_Q * cluster):
+    if (why := supported(dk, v_dim, q.dtype)) or rows % (BLOCK_Q * cluster):
         raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
     if splits < 1:
         raise ValueError(f"context_attention: splits must be >= 1; got {splits}")
@@ -466,31 +466,37 @@ AUTO_MIN_SLOTS = 4096
 AUTO_MIN_CTAS = 128
 
 
+def supports(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
+             q_rope=None) -> str | None:
+    """Why the registered "mosaic_gpu" implementation cannot take this call, or None."""
+    del ctx_lens, node_mask, scale, heads_first
+    if not is_hopper():
+        return ("needs a Hopper GPU (Pallas Mosaic GPU has no CPU interpreter for this kernel); "
+                "use 'xla' or 'pallas_triton'")
+    dk = q.shape[-1] + (0 if q_rope is None else q_rope.shape[-1])
+    if why := supported(dk, v_dim, q.dtype):
+        return why
+    if kv.dtype != q.dtype:
+        return f"kv dtype {kv.dtype} must equal q's {q.dtype}"
+    return None
+
+
 @registry.chooser("mla_attention")
 def choose(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
            q_rope=None) -> str:
-    """impl="auto" on a GPU: "mosaic_gpu" on Hopper when it supports the shapes and the cache has
-    AUTO_MIN_SLOTS slots or the call AUTO_MIN_CTAS row blocks (too few CTAs are made up by
-    `split_count`), else "pallas_triton"."""
-    del ctx_lens, node_mask, scale, heads_first
-    num_s, a, b, dk = q.shape
-    dk += 0 if q_rope is None else q_rope.shape[-1]
+    """impl="auto" on a GPU: "mosaic_gpu" when the cache has AUTO_MIN_SLOTS slots or the call
+    AUTO_MIN_CTAS row blocks (too few CTAs are made up by `split_count`), else "pallas_triton"
+    (the registry falls back from either when its `supports` rule refuses the call)."""
+    del ctx_lens, node_mask, scale, v_dim, heads_first, q_rope
+    num_s, a, b, _ = q.shape
     big = kv.shape[1] >= AUTO_MIN_SLOTS or num_s * -(-a * b // BLOCK_Q) >= AUTO_MIN_CTAS
-    if is_hopper() and big and supported(a * b, dk, v_dim, q.dtype) is None and kv.dtype == q.dtype:
-        return "mosaic_gpu"
-    return "pallas_triton"
+    return "mosaic_gpu" if big else "pallas_triton"
 
 
-@registry.register("mla_attention", "mosaic_gpu")
+@registry.register("mla_attention", "mosaic_gpu", supports=supports)
 def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                 heads_first: bool = False, q_rope=None) -> jax.Array:
-    dk = q.shape[-1] + (0 if q_rope is None else q_rope.shape[-1])
-    if jax.default_backend() != "gpu":
-        raise ValueError("mla_attention impl 'mosaic_gpu' needs a Hopper GPU (Pallas Mosaic GPU "
-                         "has no CPU interpreter for this kernel); use 'xla' or 'pallas_triton'")
-    if why := supported(q.shape[1] * q.shape[2], dk, v_dim, q.dtype):
+    if why := supports(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim, q_rope=q_rope):
         raise ValueError(f"mla_attention impl 'mosaic_gpu': {why}")
-    if kv.dtype != q.dtype:
-        raise ValueError(f"mla_attention impl 'mosaic_gpu': kv dtype {kv.dtype} must equal q's {q.dtype}")
     return mla_attention_mosaic(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
                                 heads_first=heads_first, q_rope=q_rope)

@@ -211,9 +211,8 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         dk = q.shape[-1] + q_rope.shape[-1]
     num_slots = kv.shape[1]
     rope = dk - v_dim
-    if not (_is_pow2(v_dim) and _is_pow2(rope)):
-        raise ValueError(f"pallas_triton mla_attention needs power-of-two v_dim and Dk - v_dim; "
-                         f"got v_dim={v_dim}, Dk={dk}")
+    if why := _dims_supported(dk, v_dim):
+        raise ValueError(f"pallas_triton mla_attention {why}")
     rows = num_q * num_h
     config = config or select_config(rows, num_slots, v_dim, num_s)
     q_rows = q.reshape(num_s, rows, q.shape[-1])
@@ -284,7 +283,20 @@ def _drop_aliased_inputs(kernel, n):
     return wrapped
 
 
-@registry.register("mla_attention", "pallas_triton")
+def _dims_supported(dk: int, v_dim: int) -> str | None:
+    if _is_pow2(v_dim) and _is_pow2(dk - v_dim):
+        return None
+    return f"needs power-of-two v_dim and Dk - v_dim; got v_dim={v_dim}, Dk={dk}"
+
+
+def supports(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
+             q_rope=None) -> str | None:
+    """Why the registered "pallas_triton" implementation cannot take this call, or None."""
+    del kv, ctx_lens, node_mask, scale, heads_first
+    return _dims_supported(q.shape[-1] + (0 if q_rope is None else q_rope.shape[-1]), v_dim)
+
+
+@registry.register("mla_attention", "pallas_triton", supports=supports)
 def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                 heads_first: bool = False, q_rope=None) -> jax.Array:
     return mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,

@@ -22,7 +22,7 @@ from pallas_kernels import registry
 from pallas_kernels.moe import int4, tuning
 from pallas_kernels.moe.align import align_routing
 from pallas_kernels.moe.dequant import plane
-from pallas_kernels.moe.experts import Dims, check_moe_inputs
+from pallas_kernels.moe.experts import Dims, check_moe_inputs, dims as expert_dims
 from pallas_kernels.moe.xla import combine
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
@@ -257,5 +257,13 @@ def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
     return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
 
 
-registry.register("moe_experts", "pallas_triton")(
+def supports(x, topk_ids, topk_weights, experts) -> str | None:
+    """Why the registered "pallas_triton" implementation cannot take these experts, or None."""
+    dm = expert_dims(experts)
+    if not dm.int4 and (dm.hidden % 16 or dm.intermediate % 16):
+        return f"bf16 experts: d ({dm.hidden}) and I ({dm.intermediate}) must be multiples of 16"
+    return None
+
+
+registry.register("moe_experts", "pallas_triton", supports=supports)(
     lambda x, topk_ids, topk_weights, experts: moe_experts_pallas(x, topk_ids, topk_weights, experts))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import registry
 from pallas_kernels.moe import int4, tuning
-from pallas_kernels.moe.experts import check_moe_inputs
+from pallas_kernels.moe.experts import check_moe_inputs, dims as expert_dims
 from pallas_kernels.moe.pallas_triton import _col_block, routed_rows
 from pallas_kernels.moe.xla import combine
 
@@ -39,9 +39,8 @@ def moe_experts_triton(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
     import jax_triton as jt
 
     dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
-    if not dm.int4 and (dm.hidden % 32 or dm.intermediate % 32):
-        raise ValueError(f"experts: the triton kernels need d ({dm.hidden}) and I "
-                         f"({dm.intermediate}) to be multiples of 32")
+    if why := supports(x, topk_ids, topk_weights, experts):
+        raise ValueError(f"experts: {why}")
     cfg = cfg or tuning.config(x.shape[0])
     gate_up_k, down_k = _kernels()
     r, row_token, row_weight = routed_rows(topk_ids, topk_weights, dm.num_experts, cfg.bm)
@@ -69,5 +68,13 @@ def moe_experts_triton(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
     return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
 
 
-registry.register("moe_experts", "triton")(
+def supports(x, topk_ids, topk_weights, experts) -> str | None:
+    """Why the registered "triton" implementation cannot take these experts, or None."""
+    dm = expert_dims(experts)
+    if not dm.int4 and (dm.hidden % 32 or dm.intermediate % 32):
+        return f"the triton kernels need bf16 experts' d ({dm.hidden}) and I ({dm.intermediate}) to be multiples of 32"
+    return None
+
+
+registry.register("moe_experts", "triton", supports=supports)(
     lambda x, topk_ids, topk_weights, experts: moe_experts_triton(x, topk_ids, topk_weights, experts))

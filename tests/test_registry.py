@@ -1,0 +1,78 @@
+"""The kernel registry: "auto" per backend, the shape rules (choosers), and the fallback from an
+implementation whose `supports` rule refuses a call."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels import registry
+
+
+def _fake_op(monkeypatch, chooser=None, supports=None):
+    """Operation "test_op" whose implementations return their own names."""
+    impls = {name: (lambda x, name=name: name) for name in ("xla", "pallas_triton", "mosaic_gpu")}
+    monkeypatch.setitem(registry._REGISTRY, "test_op", impls)
+    if chooser:
+        monkeypatch.setitem(registry._CHOOSERS, "test_op", chooser)
+    for impl, rule in (supports or {}).items():
+        monkeypatch.setitem(registry._SUPPORTS, ("test_op", impl), rule)
+
+
+def test_auto_dispatches_by_shape(monkeypatch):
+    """On a GPU backend, get(op, "auto") for an operation with a chooser calls the implementation
+    the chooser names for each call's arguments; off the GPU "auto" stays "xla"."""
+    _fake_op(monkeypatch, chooser=lambda x: "mosaic_gpu" if x > 1 else "pallas_triton")
+    assert registry.get("test_op", "auto")(5) == "xla"             # this CPU backend
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    fn = registry.get("test_op", "auto")
+    assert (fn(5), fn(0)) == ("mosaic_gpu", "pallas_triton")
+    assert registry.get("test_op", "xla")(5) == "xla"              # a named impl bypasses the chooser
+
+
+def test_auto_falls_back_where_an_implementation_refuses(monkeypatch):
+    """The chooser's pick, else the GPU preference's first, unless its `supports` rule gives a
+    reason: then the next of the preference that takes the call ("xla" takes every call)."""
+    _fake_op(monkeypatch, chooser=lambda x: "mosaic_gpu",
+             supports={"mosaic_gpu": lambda x: None if x < 10 else "x >= 10",
+                       "pallas_triton": lambda x: None if x < 100 else "x >= 100"})
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    fn = registry.get("test_op", "auto")
+    assert [fn(x) for x in (5, 50, 500)] == ["mosaic_gpu", "pallas_triton", "xla"]
+    assert registry.get("test_op", "mosaic_gpu")(500) == "mosaic_gpu"   # named: the impl itself decides
+
+
+def _bf16_experts(e, d, i):
+    s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)   # noqa: E731
+    return {"gate_kernel": s(e, d, i), "up_kernel": s(e, d, i), "down_kernel": s(e, i, d)}
+
+
+def _s(*shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+@pytest.mark.parametrize("op,args,kwargs,want", [
+    # mla_attention: the Pallas kernels need power-of-two v_dim and Dk - v_dim
+    ("mla_attention", (_s(1, 2, 4, 64), _s(1, 8, 64), _s(1, dtype=jnp.int32), _s(1, 2, 1, dtype=jnp.int32)),
+     dict(scale=0.1, v_dim=32), "pallas_triton"),
+    ("mla_attention", (_s(1, 2, 4, 64), _s(1, 8, 64), _s(1, dtype=jnp.int32), _s(1, 2, 1, dtype=jnp.int32)),
+     dict(scale=0.1, v_dim=48), "xla"),
+    # drafter_attention and drafter_qkv: power-of-two head_dim (halves)
+    ("drafter_attention", (_s(1, 4, 2, 48), _s(1, 1, 8, 48), _s(1, 1, 8, 48), _s(1, dtype=jnp.int32),
+                           _s(1, 4, 1, 48), _s(1, 4, 1, 48)), dict(scale=0.1), "xla"),
+    ("drafter_attention", (_s(1, 4, 2, 32), _s(1, 1, 8, 32), _s(1, 1, 8, 32), _s(1, dtype=jnp.int32),
+                           _s(1, 4, 1, 32), _s(1, 4, 1, 32)), dict(scale=0.1), "pallas_triton"),
+    ("drafter_qkv", (_s(1, 4, 32), _s(1, 4, dtype=jnp.int32), None, _s(32, 48), _s(32, 48), None, _s(48),
+                     _s(24)), dict(norm=None, eps=1e-6), "xla"),
+    ("drafter_qkv", (_s(1, 4, 32), _s(1, 4, dtype=jnp.int32), None, _s(32, 64), _s(32, 64), None, _s(64),
+                     _s(32)), dict(norm=None, eps=1e-6), "pallas_triton"),
+    # moe_experts with bf16 experts: Pallas needs d and I multiples of 16
+    ("moe_experts", (_s(3, 40), _s(3, 2, dtype=jnp.int32), _s(3, 2), _bf16_experts(4, 40, 32)), {}, "xla"),
+    ("moe_experts", (_s(3, 48), _s(3, 2, dtype=jnp.int32), _s(3, 2), _bf16_experts(4, 48, 32)), {},
+     "pallas_triton"),
+])
+def test_auto_never_picks_an_implementation_that_refuses(monkeypatch, op, args, kwargs, want):
+    """On a GPU, impl="auto" takes "xla" for shapes the kernels refuse (as "xla" itself does)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert registry.auto_impl(op, *args, **kwargs) == want
