@@ -110,6 +110,9 @@ def test_bad_shapes_are_named():
         drafter_attention(q, ck, cv, m.astype(jnp.float32), kb, vb, scale=1.0)
     with pytest.raises(ValueError, match="v_blk"):
         drafter_attention(q, ck, cv, m, kb, vb[:, :2], scale=1.0)
+    for bad in ([0, 11], [-1, 3]):      # N = 10 slots
+        with pytest.raises(ValueError, match=r"ctx_lengths must lie in \[0, N=10\]"):
+            drafter_attention(q, ck, cv, jnp.asarray(bad, jnp.int32), kb, vb, scale=1.0)
     stack = jnp.stack([ck, ck])
     for layer in (2, -1, True):
         with pytest.raises(ValueError, match="stacked cache"):

@@ -195,6 +195,9 @@ def test_bad_inputs_raise():
         moe.prepare_experts_bf16(jnp.zeros((2, 8, 16)), jnp.zeros((2, 8, 16)), jnp.zeros((2, 8, 16)))
     with pytest.raises(ValueError, match="moe_experts"):
         moe.moe_experts(x, ids, w, experts, impl="nope")
+    for bad in (4, -1):     # an expert id outside [0, E): named, not dropped or clamped
+        with pytest.raises(ValueError, match=r"topk_ids: expert ids must lie in \[0, E=4\)"):
+            moe.moe_experts(x, ids.at[1, 0].set(bad), w, experts, impl="xla")
 
 
 def test_pallas_kernels_write_every_used_row():

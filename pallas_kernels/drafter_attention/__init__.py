@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
+from pallas_kernels.checks import concrete
 from pallas_kernels.drafter_attention import pallas_triton, xla  # noqa: F401  (registers impls)
 
 __all__ = ["drafter_attention"]
@@ -45,6 +46,9 @@ def _validate(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, layer) -> None:
     for name, x in (("k_blk", k_blk), ("v_blk", v_blk)):
         if x.shape != (bsz, b, kvh, hd):
             raise ValueError(f"{name} must be [B={bsz}, b={b}, KV={kvh}, hd={hd}]; got shape {x.shape}")
+    lens = concrete(ctx_lengths)
+    if lens is not None and (lens.min(initial=0) < 0 or lens.max(initial=0) > k_shape[2]):
+        raise ValueError(f"ctx_lengths must lie in [0, N={k_shape[2]}]; got {lens.tolist()}")
 
 
 def drafter_attention(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: float,

@@ -18,9 +18,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pallas_kernels import registry
+from pallas_kernels.checks import concrete
 from pallas_kernels.mla_attention import mosaic_gpu, pallas_triton, xla  # noqa: F401  (registers impls)
 
 __all__ = ["mla_attention", "visibility_to_mask", "mask_to_visibility", "mask_words"]
@@ -51,13 +51,6 @@ def mask_to_visibility(node_mask, num_q: int) -> jax.Array:
     return ((words >> (t % 32).astype(jnp.uint32)) & 1).astype(bool)
 
 
-def _concrete(x):
-    try:
-        return np.asarray(x)
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
-        return None
-
-
 def _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first=False, q_rope=None) -> None:
     lead = 'H, Q' if heads_first else 'Q, H'
     if q.ndim != 4:
@@ -84,7 +77,7 @@ def _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first=False, q_rop
         raise ValueError(f"v_dim must be in (0, Dk={dk}]; got {v_dim}")
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite Python float; got {scale!r}")
-    lens = _concrete(ctx_lens)
+    lens = concrete(ctx_lens)
     if lens is not None and (lens.min(initial=0) < 0 or lens.max(initial=0) + num_q > kv.shape[1]):
         raise ValueError(f"ctx_lens must satisfy 0 <= ctx_lens and ctx_lens + Q <= N={kv.shape[1]}; "
                          f"got {lens.tolist()}")

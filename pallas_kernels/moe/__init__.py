@@ -9,7 +9,7 @@ from __future__ import annotations
 from pallas_kernels import registry
 from pallas_kernels.moe import pallas_triton, triton_impl, xla  # noqa: F401  (registers impls)
 from pallas_kernels.moe.align import Routing, align_routing, max_blocks
-from pallas_kernels.moe.experts import (dims, experts_to_hf, prepare_experts_bf16,
+from pallas_kernels.moe.experts import (check_moe_inputs, dims, experts_to_hf, prepare_experts_bf16,
                                         prepare_experts_int4)
 from pallas_kernels.moe.int4 import dequantize_int4, quantize_int4
 
@@ -20,4 +20,5 @@ __all__ = ["moe_experts", "prepare_experts_bf16", "prepare_experts_int4", "exper
 def moe_experts(x, topk_ids, topk_weights, experts, *, impl: str = "auto"):
     """x [T, d], topk_ids [T, k] int32, topk_weights [T, k] float32, experts dict -> [T, d] x.dtype:
     sum_j topk_weights[t, j] * down(silu(gate(x[t])) * up(x[t])) with expert topk_ids[t, j]."""
+    check_moe_inputs(x, topk_ids, topk_weights, experts)   # eagerly: the ids' range too, when known
     return registry.get("moe_experts", impl)(x, topk_ids, topk_weights, experts)

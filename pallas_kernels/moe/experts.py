@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from pallas_kernels.checks import concrete
 from pallas_kernels.moe import int4
 
 BF16_KEYS = ("gate_kernel", "up_kernel", "down_kernel")
@@ -108,4 +109,7 @@ def check_moe_inputs(x, topk_ids, topk_weights, experts) -> Dims:
         raise ValueError(f"topk_weights: expected shape {topk_ids.shape}, got {topk_weights.shape}")
     if not jnp.issubdtype(topk_weights.dtype, jnp.floating):
         raise ValueError(f"topk_weights: expected a float dtype, got {topk_weights.dtype}")
+    ids = concrete(topk_ids)
+    if ids is not None and ids.size and (ids.min() < 0 or ids.max() >= dm.num_experts):
+        raise ValueError(f"topk_ids: expert ids must lie in [0, E={dm.num_experts}); got {ids.min()}..{ids.max()}")
     return dm

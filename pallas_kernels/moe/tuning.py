@@ -52,9 +52,7 @@ class MoEConfig(NamedTuple):
 # the parts) -> 14,818 us.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
-    (4, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
-    (16, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
-    (512, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),
+    (512, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512
     (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True)),
 )
 
