@@ -17,12 +17,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 GROUP = 32
 KBLOCK = 256          # K block of the kernel layout: 8 nibble planes x 32 rows
 PLANE = KBLOCK // 8   # rows per nibble plane == GROUP
 
-_SHIFTS = jnp.arange(8, dtype=jnp.uint32) * 4
+_SHIFTS = np.arange(8, dtype=np.uint32) * 4   # numpy: importing must not start a JAX backend
 
 
 def _check_k(k: int, name: str) -> None:
