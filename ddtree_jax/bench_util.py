@@ -205,3 +205,26 @@ def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8) -> di
             jax.block_until_ready(out)
         kernels, _ = device_kernels(d)
     return kernel_summary(kernels, calls, top) if kernels else None
+
+
+def measure_ceilings() -> dict:
+    """The GPU's ceilings, measured now (needs torch and triton on a CUDA GPU): copy_tbps (torch
+    `copy_` of 2 GiB, bytes read + written; an XLA elementwise op reaches less), and the bf16
+    matmul rate of an 8192^3 product through XLA and through torch (matmul_tflops_xla, _torch)."""
+    import jax.numpy as jnp
+    import torch
+    import triton
+
+    def torch_seconds(op, *xs):     # median seconds of op(*xs); xs are freed on return
+        return triton.testing.do_bench(lambda: op(*xs), warmup=50, rep=300, return_mode="median") / 1e3
+
+    n = 8192
+    xla_s = median_seconds(jax.jit(lambda x: x @ x), jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16),
+                           reps=5, inner=20)
+    torch_s = torch_seconds(lambda m: m @ m, torch.randn(n, n, device="cuda", dtype=torch.bfloat16))
+    src = torch.empty(2**31, device="cuda", dtype=torch.uint8)
+    copy_s = torch_seconds(lambda a, b: b.copy_(a), src, torch.empty_like(src))
+    del src
+    torch.cuda.empty_cache()
+    return {"copy_tbps": 2 * 2**31 / copy_s / 1e12, "matmul_tflops_xla": 2 * n**3 / xla_s / 1e12,
+            "matmul_tflops_torch": 2 * n**3 / torch_s / 1e12}

@@ -11,11 +11,14 @@ on 8 RTX PRO 6000, and (--measure) the k2_slice verify-step time per layer on th
 --measure times, per (streams, budget), one jitted target forward over streams x (budget + 1) tree
 tokens against a `--measure_ctx` context (random INT4 experts), and separately the MLA attention
 core, the routed-experts kernel and lm_head at the same shapes; "rest" per layer = (forward -
-layers x attention - MoE layers x MoE - head) / layers. Implied efficiencies use the H200 rates.
+layers x attention - MoE layers x MoE - head) / layers. The attention and MoE kernels are checked
+against the xla path before they are timed; on a GPU, each one's % of its roofline floor uses the
+copy and matmul ceilings measured in the same run (bench_util.measure_ceilings).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from absl import app, flags
@@ -26,6 +29,7 @@ import numpy as np
 import ddtree_jax as dj
 from ddtree_jax import roofline as rf
 from ddtree_jax import sweep_io
+from ddtree_jax import bench_util
 from ddtree_jax.bench_util import markdown_table, median_seconds
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
@@ -79,14 +83,32 @@ def published_checks(dep: rf.Deployment, tau: rf.TauCurve) -> list[dict]:
     return rows
 
 
-def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16, reps: int = 5) -> list[dict]:
-    """Per (streams, budget): seconds of the forward, and per layer of attention / MoE / rest."""
+CHECK_TOL = 1e-2     # relative error of the timed kernels against the xla path (bf16: 2-3e-3 measured)
+
+
+def _checked(what: str, fn, ref_fn, *args) -> None:
+    """Raise unless fn(*args) matches the xla path's ref_fn(*args) to CHECK_TOL (relative norm)."""
+    out, ref = (np.asarray(f(*args), np.float64) for f in (fn, ref_fn))
+    err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+    if not np.isfinite(err) or err > CHECK_TOL:
+        raise AssertionError(f"{what}: relative error {err:.2e} against the xla path > {CHECK_TOL:.0e}")
+
+
+def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16, reps: int = 5,
+            ceilings: dict | None = None) -> list[dict]:
+    """Per (streams, budget): seconds of the forward, and per layer of attention / MoE / rest; the
+    attention and MoE kernels are checked against the xla path first. ceilings
+    (bench_util.measure_ceilings, this run): also each kernel's share of its roofline floor."""
     params = dj.init_target(cfg, jax.random.key(0), dtype=dtype)
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     experts = params[f"layers_{moe_layers[0]}"]["mlp"]["experts"]
     head = params["lm_head"]["kernel"]
     dk, h = cfg.latent_dim, cfg.num_attention_heads
     attend, moe = registry.get("mla_attention"), registry.get("moe_experts")
+    attend_xla, moe_xla = registry.get("mla_attention", "xla"), registry.get("moe_experts", "xla")
+    if ceilings:    # the roofline's H200 with this run's measured copy and matmul rates
+        gpu = dataclasses.replace(rf.GPUS["H200"], copy_tbs=ceilings["copy_tbps"],
+                                  bf16_tflops=max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]))
     rng = np.random.default_rng(0)
     rows = []
     for s in streams:
@@ -97,29 +119,36 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
                                   lengths=jnp.full((s,), ctx, jnp.int32))
             tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (s, q)), jnp.int32)
             pos = ctx + jnp.broadcast_to(jnp.arange(q, dtype=jnp.int32), (s, q))
+            # the tree: a chain (the kernels' cost does not depend on which nodes a node sees)
             vis = jnp.broadcast_to(jnp.tril(jnp.ones((q, q), bool)), (s, q, q))
             fwd = jax.jit(lambda p, c: dj.forward(p, cfg, tokens, pos, c, visibility=vis).logits)
+            if not bool(jnp.isfinite(fwd(params, cache)).all()):
+                raise AssertionError(f"forward at streams {s}, budget {b}: non-finite logits")
             t_full = median_seconds(fwd, params, cache, reps=reps)
             qa = jnp.asarray(rng.normal(0, 1, (s, q, h, dk)), dtype)
             mask = visibility_to_mask(vis)
-            att = jax.jit(lambda qq, kv: attend(qq, kv, cache.lengths, mask, scale=cfg.softmax_scale,
-                                                v_dim=cfg.kv_lora_rank))
+            kw = dict(scale=cfg.softmax_scale, v_dim=cfg.kv_lora_rank)
+            att = jax.jit(lambda qq, kv: attend(qq, kv, cache.lengths, mask, **kw))
+            _checked(f"attention at streams {s}, budget {b}", att,
+                     lambda qq, kv: attend_xla(qq, kv, cache.lengths, mask, **kw), qa, cache.kv[0])
             t_attn = median_seconds(att, qa, cache.kv[0], reps=reps)
             x = jnp.asarray(rng.normal(0, 1, (t, cfg.hidden_size)), dtype)
             ids = np.argsort(rng.random((t, cfg.n_routed_experts)), 1)[:, :cfg.num_experts_per_tok]
             ids = jnp.asarray(ids, jnp.int32)
             w = jnp.full(ids.shape, 1.0 / cfg.num_experts_per_tok, jnp.float32)
+            _checked(f"MoE at {t} tokens", jax.jit(moe), jax.jit(moe_xla), x, ids, w, experts)
             t_moe = median_seconds(jax.jit(moe), x, ids, w, experts, reps=reps)
             logits = jax.jit(lambda xx, hh: jnp.dot(xx, hh, preferred_element_type=jnp.float32))
             t_head = median_seconds(logits, x, head, reps=reps)
             n = cfg.num_hidden_layers
             rest = (t_full - n * t_attn - len(moe_layers) * t_moe - t_head) / n
-            gpu, unit = rf.GPUS["H200"], rf.UNIT
-            rows.append(dict(streams=s, budget=b, tokens=t, ctx=ctx, forward_ms=t_full * 1e3,
-                             attention_ms=t_attn * 1e3, moe_ms=t_moe * 1e3, rest_ms=rest * 1e3,
-                             head_ms=t_head * 1e3,
-                             moe_eff_vs_h200=rf.moe_seconds(gpu, unit, cfg, t, 1) / t_moe,
-                             attn_eff_vs_h200=rf.attention_seconds(gpu, unit, cfg, s, q, ctx, 1) / t_attn))
+            row = dict(streams=s, budget=b, tokens=t, ctx=ctx, forward_ms=t_full * 1e3,
+                       attention_ms=t_attn * 1e3, moe_ms=t_moe * 1e3, rest_ms=rest * 1e3,
+                       head_ms=t_head * 1e3)
+            if ceilings:
+                row.update(moe_pct_floor=100 * rf.moe_seconds(gpu, rf.UNIT, cfg, t, 1) / t_moe,
+                           attn_pct_floor=100 * rf.attention_seconds(gpu, rf.UNIT, cfg, s, q, ctx, 1) / t_attn)
+            rows.append(row)
     return rows
 
 
@@ -157,10 +186,14 @@ def main(argv):
     print(markdown_table(checks, ["calibration", "check", "model", "published", "ratio", "why"]))
     if FLAGS.measure:
         cfg = dj.ModelConfig.preset(FLAGS.preset)
+        on_gpu = jax.default_backend() == "gpu"
+        ceilings = bench_util.measure_ceilings() if on_gpu else None
         rows = measure(cfg, [int(b) for b in FLAGS.measure_budgets],
                        [int(s) for s in FLAGS.measure_streams], FLAGS.measure_ctx,
-                       jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32, FLAGS.reps)
-        result["measured"] = rows
+                       jnp.bfloat16 if on_gpu else jnp.float32, FLAGS.reps, ceilings)
+        result["measured"], result["ceilings"] = rows, ceilings
+        if ceilings:
+            print(f"\nceilings measured in this run: {json.dumps(ceilings)}")
         print(f"\nMeasured on {jax.devices()[0].device_kind}, preset {FLAGS.preset} "
               f"({cfg.num_hidden_layers} layers), ms (attention / MoE / rest per layer):")
         print(markdown_table(rows, list(rows[0])))

@@ -51,31 +51,6 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation: devic
                   "call and its kernels (GPU; separates device work from host dispatch)")
 
 
-def measure_ceilings() -> dict:
-    """Copy bandwidth (torch copy_ of 2 GiB, bytes read + written) and bf16 matmul rate."""
-    import jax
-    import jax.numpy as jnp
-    import torch
-    from triton.testing import do_bench
-
-    a = torch.randint(0, 255, (2 << 30,), dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t_copy = do_bench(lambda: b.copy_(a), warmup=100, rep=500, return_mode="median") * 1e-3
-    n = 8192
-    m1 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    m2 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    t_mm = do_bench(lambda: m1 @ m2, warmup=100, rep=500, return_mode="median") * 1e-3
-    del a, b, m1, m2
-    torch.cuda.empty_cache()
-    k1, k2 = jax.random.split(jax.random.key(0))
-    x1 = jax.random.normal(k1, (n, n), jnp.bfloat16)
-    x2 = jax.random.normal(k2, (n, n), jnp.bfloat16)
-    mm = jax.jit(lambda p, q: p @ q)
-    t_xla = _time(lambda: mm(x1, x2), 0.3)
-    return {"copy_GBps": 2 * (2 << 30) / t_copy / 1e9, "torch_bf16_TFLOPs": 2 * n**3 / t_mm / 1e12,
-            "xla_bf16_TFLOPs": 2 * n**3 / t_xla / 1e12}
-
-
 def _time(call, min_time_s: float) -> float:
     """Median seconds per call: warm-up, then repeats of back-to-back async calls."""
     call().block_until_ready()
@@ -197,10 +172,10 @@ def bench_moe() -> dict:
     from pallas_kernels.moe.triton_impl import moe_experts_triton
     from pallas_kernels.moe.xla import moe_experts_xla
 
-    ceil = measure_ceilings()
+    ceil = bench_util.measure_ceilings()
     print("ceilings", ceil, flush=True)
-    rate = max(ceil["torch_bf16_TFLOPs"], ceil["xla_bf16_TFLOPs"]) * 1e12
-    bw = ceil["copy_GBps"] * 1e9
+    rate = max(ceil["matmul_tflops_torch"], ceil["matmul_tflops_xla"]) * 1e12
+    bw = ceil["copy_tbps"] * 1e12
     e, d, i, k = FLAGS.experts, FLAGS.hidden, FLAGS.inter, FLAGS.topk
     keys = jax.random.split(jax.random.key(1), 8)
     dp, ip = int4.padded_k(d), int4.padded_k(i)

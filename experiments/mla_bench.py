@@ -114,26 +114,6 @@ def traced_in_graph(fn, arg_sets, batched=None) -> dict | None:
                 top=[dict(k, count=k["count"] / n, us=k["us"] / n) for k in traced["top"]])
 
 
-def measure_ceilings() -> dict:
-    """Copy bandwidth (torch copy_, 2 GiB) and bf16 matmul rate (8192^3, XLA and torch)."""
-    import torch
-    import triton
-
-    n = 8192
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
-    xla_s = time_jax(jax.jit(lambda x: x @ x), [(a,)])
-    ta = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    torch_s = triton.testing.do_bench(lambda: ta @ ta, warmup=50, rep=300, return_mode="median") / 1e3
-    src = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy_s = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median") / 1e3
-    del src, dst, ta
-    torch.cuda.empty_cache()
-    return {"copy_tbps": 2 * 2**31 / copy_s / 1e12,
-            "matmul_tflops_xla": 2 * n**3 / xla_s / 1e12,
-            "matmul_tflops_torch": 2 * n**3 / torch_s / 1e12}
-
-
 def bushy_masks(rng, num_s: int, num_q: int) -> np.ndarray:
     """Random trees (parent of node i uniform over earlier nodes): ancestor-or-self [S, Q, Q]."""
     vis = np.zeros((num_s, num_q, num_q), bool)
@@ -266,7 +246,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     (mosaic_parts).
     """
     configs = configs or {"auto": None}
-    ceilings = ceilings or measure_ceilings()
+    ceilings = ceilings or bench_util.measure_ceilings()
     copy_bw = ceilings["copy_tbps"] * 1e12
     rate = max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12
     scale = dk ** -0.5
@@ -408,7 +388,7 @@ def variants_table(rows: list[dict], names: list[str]) -> str:
 
 def main(_):
     configs = {c: None if c == "auto" else pallas_triton.parse_config(c) for c in FLAGS.configs}
-    ceilings = measure_ceilings()
+    ceilings = bench_util.measure_ceilings()
     print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs, tuple(FLAGS.impls))
     print("golden rel err", json.dumps(golden))

@@ -37,7 +37,8 @@ import tempfile
 from absl import app, flags
 import numpy as np
 
-from experiments.mla_bench import make_inputs, measure_ceilings, time_jax   # also defines --heads, --dk, --v_dim, --out
+from ddtree_jax import bench_util
+from experiments.mla_bench import make_inputs, time_jax   # also defines --heads, --dk, --v_dim, --out
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
@@ -139,7 +140,7 @@ def main(_):
 
     heads, dk, v_dim = FLAGS.heads, FLAGS.dk, FLAGS.v_dim
     scale = dk ** -0.5
-    ceilings = None if FLAGS.lower_only else measure_ceilings()
+    ceilings = None if FLAGS.lower_only else bench_util.measure_ceilings()
     if ceilings:
         print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     rows = []

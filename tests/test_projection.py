@@ -73,4 +73,16 @@ def test_measure_runs_on_the_tiny_preset():
                                  reps=1)
     (row,) = rows
     assert row["tokens"] == 3 and row["forward_ms"] > 0 and row["moe_ms"] > 0
-    assert {"attention_ms", "rest_ms", "head_ms"} <= set(row)
+    assert {"attention_ms", "rest_ms", "head_ms"} <= set(row) and "moe_pct_floor" not in row
+    ceilings = dict(copy_tbps=1.0, matmul_tflops_xla=1.0, matmul_tflops_torch=2.0)
+    (row,) = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
+                                   reps=1, ceilings=ceilings)
+    assert row["moe_pct_floor"] > 0 and row["attn_pct_floor"] > 0
+
+
+def test_measure_checks_the_kernels_before_timing():
+    from experiments import k2_projection
+    ones = lambda x: x                                  # noqa: E731
+    k2_projection._checked("same", ones, ones, jnp.ones(4))
+    with pytest.raises(AssertionError, match="off: relative error 5.00e-01"):
+        k2_projection._checked("off", ones, lambda x: 2 * x, jnp.ones(4))
