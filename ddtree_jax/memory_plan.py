@@ -264,7 +264,7 @@ class MemoryPlan:
         r["usable_gb"] = self.device.usable_bytes / GB
         r["nominal_gb"] = self.device.nominal_bytes / GB
         r["fits"] = self.fits
-        r["max_context"] = self.max_context
+        r["max_context"] = self.max_context if self.max_context >= 0 else None   # None: no context fits
         return r
 
 
