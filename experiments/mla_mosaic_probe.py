@@ -197,6 +197,10 @@ def main(_):
                 raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
             sec = time_jax(fn, [operands])
             row.update(ms=sec * 1e3, tflops=flops / sec / 1e12, pct_floor=100 * floor / sec)
+            if traced := bench_util.traced_device_time(fn, *operands, calls=20):
+                # device-busy time per call (the kernel, and the merge above one run): no host dispatch
+                row.update(device_us=traced["busy_us"], device_pct_floor=100 * floor * 1e6 / traced["busy_us"],
+                           kernels=traced["kernels"], top_kernels=traced["top"][:3])
             if FLAGS.profile:
                 row["profile"] = profiled(run, operands)
         except Exception as e:  # report and go on
@@ -210,14 +214,16 @@ def main(_):
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "rows": rows, "device": jax.devices()[0].device_kind,
                        "jax": jax.__version__}, f, indent=1)
-    print("| ctx | Q | S | splits | cluster | registers | spill bytes (st/ld) | floor ms | ms | TFLOP/s | % floor |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| ctx | Q | S | splits | cluster | registers | spill bytes (st/ld) | floor ms | ms | TFLOP/s | % floor "
+          "| device us | % floor (device) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}" if "spill_store_bytes" in r else "-"
         timed = (f"{r['ms']:.3f} | {r['tflops']:.0f} | {r['pct_floor']:.1f}" if "ms" in r
-                 else f"error | - | -")
-        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['splits']} | {r['cluster']} | {r.get('registers', '-')} | {spill} | "
-              f"{r['floor_ms']:.3f} | {timed} |")
+                 else "error | - | -")
+        device = f"{r['device_us']:.1f} | {r['device_pct_floor']:.1f}" if "device_us" in r else "- | -"
+        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['splits']} | {r['cluster']} | "
+              f"{r.get('registers', '-')} | {spill} | {r['floor_ms']:.3f} | {timed} | {device} |")
     for r in rows:
         if p := r.get("profile"):
             phases = ", ".join(f"{n} {v['median']:.1f}/{v['max']:.1f}" for n, v in p["phases"].items())

@@ -48,7 +48,7 @@ BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
 BLOCK_K = 64        # keys per tile
 PAIR = 2 * BLOCK_K  # keys per step of the two consumers; the kernel covers ctx // PAIR pairs
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
-PROFILE_RANGES = 8  # phases the profiler may record per warpgroup (context_attention(profile_dir=))
+PROFILE_RANGES = 16  # phase entries the profiler may record per warpgroup (context_attention(profile_dir=))
 
 
 def supported(dk: int, v_dim: int, dtype) -> str | None:
@@ -78,8 +78,8 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
     `combine_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
     reads; the merge's weights come from the float32 lse).
     profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
-    wait_q, context, tail, epilogue; producer: loads) and writes a Chrome trace per compiled call
-    there (experiments/mla_mosaic_probe.py --profile reads it)."""
+    wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
+    Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -233,25 +233,28 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
             def epilogue(acc, m, l):
                 """The two consumers' row sums added; O normalised and written; lse (consumer 0)."""
                 own_row, their_row = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
-                stat_smem[own_row] = l
-                plmg.commit_smem()
-                plmg.barrier_arrive(l_bar)
-                plmg.barrier_wait(l_bar)
-                l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
+                with jax.named_scope("sums"):
+                    stat_smem[own_row] = l
+                    plmg.commit_smem()
+                    plmg.barrier_arrive(l_bar)
+                    plmg.barrier_wait(l_bar)
+                    l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
                 # Normalise and write O 64 columns at a time; a row that saw no key gives zeros and
                 # lse -inf (its row max -inf, its row sum 0).
                 inv = lax.broadcast_in_dim(1.0 / jnp.where(l_tot > 0, l_tot, 1.0), (BLOCK_Q, 64), [0])
-                for j in range(half // 64):
-                    out_cols = pl.ds(w * half + j * 64, 64)
-                    out_at = (o_ref.at[s, rows_here, out_cols] if splits == 1
-                              else o_ref.at[split, s, rows_here, out_cols])
-                    out_at[...] = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
+                with jax.named_scope("store"):
+                    for j in range(half // 64):
+                        out_cols = pl.ds(w * half + j * 64, 64)
+                        out_at = (o_ref.at[s, rows_here, out_cols] if splits == 1
+                                  else o_ref.at[split, s, rows_here, out_cols])
+                        out_at[...] = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
                 if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
-                    stat_smem[2] = m + jnp.log2(l_tot)
-                    plmg.commit_smem()
-                    lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
-                    plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
-                    plmg.wait_smem_to_gmem(0)
+                    with jax.named_scope("lse"):
+                        stat_smem[2] = m + jnp.log2(l_tot)
+                        plmg.commit_smem()
+                        lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
+                        plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
+                        plmg.wait_smem_to_gmem(0)
                 if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
                     plmg.barrier_arrive(done)
                     plmg.barrier_wait(done)
