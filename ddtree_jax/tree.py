@@ -30,9 +30,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ddtree_jax import sharding
+from ddtree_jax.checks import check_int
 from pallas_kernels import registry
 from pallas_kernels.tree_search import num_real_nodes
 from pallas_kernels.tree_search.xla import LOGP_FLOOR, ancestors, pack_bits
@@ -66,11 +66,6 @@ class Tree:
     max_depth: int
 
 
-def _check_budget(budget) -> None:
-    if not isinstance(budget, (int, np.integer)) or isinstance(budget, bool) or budget < 1:
-        raise ValueError(f"budget must be an int >= 1; got {budget!r}")
-
-
 def _check_logits(x, name: str) -> None:
     if getattr(x, "ndim", None) != 3:
         raise ValueError(f"{name} must be [S, L, V]; got shape {getattr(x, 'shape', None)}")
@@ -88,14 +83,14 @@ def build_tree(draft_logits: jax.Array, budget: int, *, topk_impl: str = "auto")
     topk_impl names the kernel implementation of the top-K and of the tree search. Non-finite
     logits are rejected when the array is concrete (not under a trace).
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     _check_logits(draft_logits, "draft_logits")
     return _build(draft_logits, int(budget), registry.resolve("topk_logsumexp", topk_impl), False)
 
 
 def build_tree_from_logprobs(logp: jax.Array, budget: int, *, topk_impl: str = "auto") -> Tree:
     """Like `build_tree`, but logp [S, L, V] are used as the per-depth log-probs as given."""
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     _check_logits(logp, "logp")
     return _build(logp, int(budget), registry.resolve("topk", topk_impl), True)
 

@@ -342,6 +342,21 @@ def test_bad_input(pair32):
         dj.build_tree(jnp.array([[[0.0, jnp.nan]]]), 2)
 
 
+@pytest.mark.parametrize("kw, match", [
+    ({"temperature": float("nan")}, r"temperature must be finite and >= 0, got nan"),
+    ({"temperature": float("inf")}, r"temperature must be finite"),
+    ({"temperature": -0.5}, r"temperature must be finite and >= 0"),
+    ({"top_k": 2.5}, r"top_k must be an int >= 0, got 2.5"),
+    ({"top_k": True}, r"top_k must be an int >= 0, got True"),
+    ({"top_k": -1}, r"top_k must be an int >= 0"),
+    ({"top_p": float("nan")}, r"top_p must lie in \(0, 1\], got nan"),
+])
+def test_sampling_rejects_bad_values(kw, match):
+    from ddtree_jax.sampling import Sampling
+    with pytest.raises(ValueError, match=match):
+        Sampling(**kw)
+
+
 class _Counts:
     """A call's `left` counts as `decode` sees them: ready (the device is ahead of the host) or
     not (decode blocks on them only when max_lag calls are outstanding); readable=False: any use
