@@ -1,6 +1,7 @@
 """The speculative decoding engine: lossless at temperature 0 (token for token) and at temperature 1
 (distribution), cache compaction, bad input."""
 
+import functools
 import itertools
 
 import jax
@@ -340,6 +341,41 @@ def test_bad_input(pair32):
         dcfg.replace(target_layer_ids=(cfg.num_hidden_layers,))
     with pytest.raises(ValueError, match="non-finite"):
         dj.build_tree(jnp.array([[[0.0, jnp.nan]]]), 2)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"budget": True}, r"budget must be an int >= 1, got True"),
+    ({"budget": 2.0}, r"budget must be an int >= 1, got 2.0"),
+    ({"max_new_tokens": 3.9}, r"max_new_tokens must hold integers, got dtype float64"),
+    ({"max_new_tokens": True}, r"max_new_tokens must hold integers, got dtype bool"),
+    ({"max_new_tokens": [4, 4, 4]},
+     r"max_new_tokens must be one int or one per prompt \(2\), got shape \(3,\)"),
+    ({"prompts": [[1, 2], [1.0, 2.5]]}, r"prompts\[1\] must hold integers, got dtype float64"),
+    ({"prompts": [[1, 2], [[1, 2]]]}, r"prompts\[1\] must be a list of token ids"),
+    ({"stop_tokens": 2.0}, r"stop_tokens must hold integers, got dtype float64"),
+    ({"stop_tokens": [[1], [2]]}, r"stop_tokens must be one token id or a list of them"),
+])
+def test_setup_rejects_bad_arguments(pair32, kw, match):
+    target, drafter = pair32
+    kw = {"prompts": [[1, 2], [3]], **kw}
+    with pytest.raises(ValueError, match=match):
+        engine.setup(target, drafter, kw.pop("prompts"), method="ddtree", **kw)
+
+
+def test_generate_and_serve_share_the_argument_checks(pair32):
+    target, drafter = pair32
+    for stop, plan_stop in [(3, (3,)), (np.array([3, 4]), (3, 4)), ([], ())]:
+        su = engine.setup(target, drafter, [[1]], method="ar", stop_tokens=stop)
+        assert su.plan.stop_tokens == plan_stop
+    for run in (engine.generate, functools.partial(dj.serve, streams=1)):
+        with pytest.raises(ValueError, match="budget must be an int >= 1, got True"):
+            run(target, drafter, [[1]], method="ddtree", budget=True)
+        with pytest.raises(ValueError, match="steps_per_call must be an int >= 1, got True"):
+            run(target, drafter, [[1]], method="ar", steps_per_call=True)
+    with pytest.raises(ValueError, match="decode_loop must be one of"):
+        engine.generate(target, drafter, [[1]], method="ar", decode_loop="gpu")
+    with pytest.raises(ValueError, match="max_lag must be an int >= 1, got 1.5"):
+        dj.serve(target, drafter, [[1]], streams=1, method="ar", max_lag=1.5)
 
 
 @pytest.mark.parametrize("kw, match", [
