@@ -157,7 +157,8 @@ def chain_tree(draft_logits) -> trees.Tree:
 
 
 def stage_verify(tparams, state: EngineState, tree: trees.Tree | None, plan: Plan):
-    """One target forward over [root + nodes]; -> (logits [S, N, V], cache, taps [S, N, taps*d])."""
+    """One target forward over [root + nodes]; -> (logits [S, N, V], cache, taps [S, N, taps*d],
+    tokens [S, N] int32: the verified tokens, root first)."""
     root = state.pending[:, None]
     if tree is None:
         tokens, depth, vis = root, jnp.zeros_like(root), None

@@ -49,8 +49,9 @@ __all__ = ["LOGP_FLOOR", "Tree", "ancestors", "build_tree", "build_tree_from_log
 class Tree:
     """A batch of draft trees. Node 0 is the root (the last accepted token); nodes 1..B follow.
 
-    tokens [S, B] int32 (node i's token is tokens[:, i-1]); depths [S, B] int32 in 1..L;
-    parents [S, B+1] int32 (parents[:, 0] = -1); num_nodes [S] int32 (real non-root nodes);
+    tokens [S, B] int32 (node i's token is tokens[:, i-1]); depths [S, B] int32, 1..L for real
+    nodes; parents [S, B+1] int32 (parents[:, 0] = -1); num_nodes [S] int32 (real non-root nodes;
+    nodes num_nodes+1..B are padding: depth 0, parent -1, see the module docstring);
     visibility [S, B+1, B+1] bool (row i: i and its ancestors); node_mask [S, B+1, ceil((B+1)/32)]
     int32 (bit t%32 of word t//32 of row i = visibility[:, i, t], the attention kernel's form);
     scores [S, B] float32 path log-probs; max_depth = L (static).
