@@ -461,10 +461,9 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     t0 = time.perf_counter()
     step = compile_decode(tparams, dparams, state, su, steps_per_call, loop)
     compile_s = time.perf_counter() - t0
-    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
-    stage_state = copy(state) if stage_reps else None
+    stage_state = copy_tree(state) if stage_reps else None
     if warmup:   # one-time costs of the executable's first run stay out of decode_s
-        jax.block_until_ready(step(tparams, dparams, copy(state)))
+        jax.block_until_ready(step(tparams, dparams, copy_tree(state)))
     prefilled, times = state, []
     for _ in range(timing_reps):
         state = jax.block_until_ready(step.load(prefilled))
@@ -540,6 +539,11 @@ DEVICE_LOOP_GRAPHS = {
 }
 
 
+def copy_tree(tree):
+    """A copy of every array in `tree` (a state, a cache): new buffers, same shapes and layout."""
+    return jax.tree_util.tree_map(jnp.copy, tree)
+
+
 @functools.partial(jax.jit, donate_argnums=0)
 def _place(buffers: EngineState, state: EngineState) -> EngineState:
     """`state` copied into `buffers` (donated): the result lives at `buffers`' addresses."""
@@ -579,7 +583,7 @@ class CompiledDecode:
         """`state` (not consumed) in this call's buffers, for the next call to run on; a plain
         copy where there are none (before the first call, or laid out otherwise)."""
         last = self.buffers(like=state)
-        return jax.tree_util.tree_map(jnp.copy, state) if last is None else _place(last, state)
+        return copy_tree(state) if last is None else _place(last, state)
 
     def __call__(self, tparams, dparams, state: EngineState):
         out = self.executable(tparams, dparams, state)
@@ -692,8 +696,6 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,
     def jit(fn, donate=()):
         return jax.jit(fn, static_argnames=("plan",), donate_argnames=donate)
 
-    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
-
     def timed(fn, make_args):
         calls = jax.block_until_ready([make_args() for _ in range(reps + 1)])
         with warnings.catch_warnings():   # a stage returns only part of a donated state
@@ -711,10 +713,10 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,
         times["draft"], logits = timed(jit(stage_draft), lambda: (tparams, dparams, state))
         times["tree"], tree = timed(jit(stage_tree), lambda: (logits,))
     times["verify"], (vlogits, cache, taps, tokens) = timed(
-        jit(stage_verify, ("state",)), lambda: (tparams, copy(state), tree))
-    times["accept"], _ = timed(jit(stage_accept, ("state", "cache")),
-                               lambda: (dparams, copy(state), tree, vlogits, copy(cache), taps, tokens))
+        jit(stage_verify, ("state",)), lambda: (tparams, copy_tree(state), tree))
+    times["accept"], _ = timed(jit(stage_accept, ("state", "cache")), lambda: (
+        dparams, copy_tree(state), tree, vlogits, copy_tree(cache), taps, tokens))
     per_call, _ = timed(functools.partial(_step, steps=steps_per_call),
-                        lambda: (tparams, dparams, copy(state)))
+                        lambda: (tparams, dparams, copy_tree(state)))
     times["step"] = per_call / steps_per_call
     return times

@@ -124,13 +124,12 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         admit[a] = _admit.lower(tparams, dparams, state, idx, idx, prompts_dev, lengths_dev,
                                 max_new_dev, **static).compile()
     compile_s = time.perf_counter() - t0
-    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
     if warmup:   # first-run costs of the executables stay out of the timed loop
-        jax.block_until_ready(step(tparams, dparams, copy(state)))
+        jax.block_until_ready(step(tparams, dparams, engine.copy_tree(state)))
         for a, fn in admit.items():
             idx = np.full(a, pad, np.int32)
-            jax.block_until_ready(fn(tparams, dparams, copy(state), idx, idx * 0, prompts_dev,
-                                     lengths_dev, max_new_dev))
+            jax.block_until_ready(fn(tparams, dparams, engine.copy_tree(state), idx, idx * 0,
+                                     prompts_dev, lengths_dev, max_new_dev))
             jax.block_until_ready(_rows(state, idx * 0))
 
     seen, started = [0.0] * n, [0.0] * n   # host clock: result seen, request admitted

@@ -120,8 +120,7 @@ def test_device_loop_graph_options_change_nothing_but_the_executable(pair32, pro
     for graphs in (True, False):
         call = engine.compile_decode(target[1], drafter[1], state, su, 2, "device",
                                      device_graphs=graphs)
-        s = engine.run_decode(call, target[1], drafter[1],
-                              jax.tree_util.tree_map(jnp.copy, state), su, 2, "device")
+        s = engine.run_decode(call, target[1], drafter[1], engine.copy_tree(state), su, 2, "device")
         finals.append(jax.tree_util.tree_map(np.asarray, (s.out_tokens, s.out_len, s.accept)))
     for a, b in zip(*finals):
         np.testing.assert_array_equal(a, b)
@@ -391,6 +390,15 @@ def test_sampling_rejects_bad_values(kw, match):
     from ddtree_jax.sampling import Sampling
     with pytest.raises(ValueError, match=match):
         Sampling(**kw)
+
+
+def test_copy_tree_gives_new_buffers():
+    tree = {"a": jnp.arange(4), "b": (jnp.ones((2, 3)), None)}
+    copy = engine.copy_tree(tree)
+    assert jax.tree_util.tree_structure(copy) == jax.tree_util.tree_structure(tree)
+    for x, y in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(copy)):
+        np.testing.assert_array_equal(x, y)
+        assert x.unsafe_buffer_pointer() != y.unsafe_buffer_pointer()
 
 
 class _Counts:
