@@ -12,8 +12,9 @@ the largest budget gives every smaller budget by a cumulative sum. A miscalibrat
 drafter makes this an overestimate; the choice only needs its shape over b to be right.
 
 Cost. t(b) = the measured step time, linear between measured budgets and constant outside them;
-candidates stop at the largest measured budget. Rate(b) = streams x E(b) / t(b); the choice is its
-argmax.
+candidates stop at the largest measured budget. Rate(b) = E(b) / t(b), expected accepted tokens
+per second per stream (t(b) is measured at the run's stream count, so the streams' total rate is
+this times a factor independent of b); the choice is its argmax.
 """
 
 from __future__ import annotations

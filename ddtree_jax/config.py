@@ -24,6 +24,13 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def _require_int(name: str, value, minimum: int) -> None:
+    """ConfigError naming `name` unless `value` is a Python int >= minimum (bool excluded; no
+    numpy integers either: configs are hashed as jit static arguments and written to config.json)."""
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+             f"{name} must be >= {minimum} and an int, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """YaRN rope scaling (`rope_scaling` in config.json, type "yarn")."""
@@ -40,8 +47,8 @@ class RopeScaling:
         _require(self.type in ("yarn", "deepseek_yarn"),
                  f"rope_scaling.type: only 'yarn' is supported, got {self.type!r}")
         _require(self.factor >= 1.0, f"rope_scaling.factor must be >= 1, got {self.factor}")
-        _require(self.original_max_position_embeddings > 0,
-                 "rope_scaling.original_max_position_embeddings must be > 0")
+        _require_int("rope_scaling.original_max_position_embeddings",
+                     self.original_max_position_embeddings, 1)
         _require(self.beta_fast > 0 and self.beta_slow > 0,
                  "rope_scaling.beta_fast and beta_slow must be > 0")
 
@@ -57,6 +64,7 @@ class QuantConfig:
     def __post_init__(self):
         _require(self.format in ("bf16", "int4"),
                  f"quant.format must be 'bf16' or 'int4', got {self.format!r}")
+        _require_int("quant.group_size", self.group_size, 1)
         _require(self.group_size in (32,) or self.format == "bf16",
                  f"quant.group_size: only 32 is supported for int4, got {self.group_size}")
 
@@ -104,13 +112,18 @@ class ModelConfig:
                "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
                "n_group", "topk_group", "moe_layer_freq", "max_position_embeddings")
         for name in pos:
-            v = getattr(self, name)
-            _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
-                     f"{name} must be a positive int, got {v!r}")
-        _require(self.q_lora_rank is None or self.q_lora_rank > 0,
-                 f"q_lora_rank must be None or > 0, got {self.q_lora_rank}")
-        _require(self.n_shared_experts >= 0, "n_shared_experts must be >= 0")
-        _require(0 <= self.first_k_dense_replace <= self.num_hidden_layers,
+            _require_int(name, getattr(self, name), 1)
+        if self.q_lora_rank is not None:
+            _require_int("q_lora_rank", self.q_lora_rank, 1)
+        _require_int("n_shared_experts", self.n_shared_experts, 0)
+        _require_int("first_k_dense_replace", self.first_k_dense_replace, 0)
+        if self.bos_token_id is not None:
+            _require_int("bos_token_id", self.bos_token_id, 0)
+        eos = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+        for t in eos:
+            if t is not None:
+                _require_int("eos_token_id", t, 0)
+        _require(self.first_k_dense_replace <= self.num_hidden_layers,
                  f"first_k_dense_replace={self.first_k_dense_replace} must lie in "
                  f"[0, num_hidden_layers={self.num_hidden_layers}]")
         _require(self.qk_rope_head_dim % 2 == 0,
@@ -290,21 +303,24 @@ class DrafterConfig:
     def __post_init__(self):
         for name in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "intermediate_size", "num_target_layers"):
-            v = getattr(self, name)
-            _require(isinstance(v, int) and v > 0, f"drafter {name} must be a positive int, got {v!r}")
-        _require(self.block_size >= 2, f"drafter block_size must be >= 2, got {self.block_size}")
-        _require(0 <= self.mask_token_id < self.vocab_size,
+            _require_int(f"drafter {name}", getattr(self, name), 1)
+        _require_int("drafter max_position_embeddings", self.max_position_embeddings, 1)
+        _require_int("drafter block_size", self.block_size, 2)
+        _require_int("drafter mask_token_id", self.mask_token_id, 0)
+        _require(self.mask_token_id < self.vocab_size,
                  f"drafter mask_token_id={self.mask_token_id} outside vocab [0, {self.vocab_size})")
         _require(self.num_attention_heads % self.num_key_value_heads == 0,
                  f"drafter num_attention_heads={self.num_attention_heads} not divisible by "
                  f"num_key_value_heads={self.num_key_value_heads}")
         _require(len(self.target_layer_ids) >= 1, "drafter target_layer_ids is empty")
-        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        for i in self.target_layer_ids:
+            _require_int("drafter target_layer_ids entry", i, 0)
+        bad = [i for i in self.target_layer_ids if not i < self.num_target_layers]
         _require(not bad, f"drafter target_layer_ids {bad} out of range [0, {self.num_target_layers})")
         _require(self.head_dim % 2 == 0, "drafter head_dim must be even")
         _require(self.rms_norm_eps > 0, "drafter rms_norm_eps must be > 0")
         _require(self.rope_theta > 0, "drafter rope_theta must be > 0")
-        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
 
     def replace(self, **kw) -> "DrafterConfig":
         return dataclasses.replace(self, **kw)

@@ -81,9 +81,13 @@ def build_corpus(tok: Tokenizer, tokenizer_path: str, cache: str,
 
 
 def sample_batch(tokens: np.ndarray, batch: int, seq_len: int, seed: int, step: int) -> np.ndarray:
-    """[batch, seq_len] int32 windows at random offsets; a pure function of (seed, step)."""
+    """[batch, seq_len] int32 windows of `tokens` [N >= seq_len] at random offsets (the last
+    window included); a pure function of (seed, step). A caller that shifts labels by one asks
+    for seq_len + 1."""
+    if tokens.size < seq_len:
+        raise ValueError(f"tokens holds {tokens.size} tokens, fewer than seq_len {seq_len}")
     rng = np.random.default_rng([seed, step])
-    starts = rng.integers(0, tokens.size - seq_len, size=batch)
+    starts = rng.integers(0, tokens.size - seq_len + 1, size=batch)
     return np.stack([tokens[s:s + seq_len] for s in starts]).astype(np.int32)
 
 

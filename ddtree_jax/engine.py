@@ -40,6 +40,7 @@ from ddtree_jax import drafter as dft
 from ddtree_jax import model as tgt
 from ddtree_jax import sharding
 from ddtree_jax import tree as trees
+from ddtree_jax.checks import check_int, integer_array
 from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.sampling import Sampling, choose
 from pallas_kernels import registry
@@ -156,7 +157,8 @@ def chain_tree(draft_logits) -> trees.Tree:
 
 
 def stage_verify(tparams, state: EngineState, tree: trees.Tree | None, plan: Plan):
-    """One target forward over [root + nodes]; -> (logits [S, N, V], cache, taps [S, N, taps*d])."""
+    """One target forward over [root + nodes]; -> (logits [S, N, V], cache, taps [S, N, taps*d],
+    tokens [S, N] int32: the verified tokens, root first)."""
     root = state.pending[:, None]
     if tree is None:
         tokens, depth, vis = root, jnp.zeros_like(root), None
@@ -348,23 +350,30 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
         if dcfg is None:
             raise ValueError(f"method {method!r} needs a drafter (config, params)")
         dcfg.check_target(tcfg)
-    if method == "ddtree" and (not isinstance(budget, (int, np.integer)) or budget < 1):
-        raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+    if method == "ddtree":
+        check_int("budget", budget, 1)
     try:
         registry.resolve("drafter_attention", drafter_attn_impl)
     except ValueError as e:
         raise ValueError(f"drafter_attn_impl: {e}") from None
     plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0,
-                Sampling(temperature, top_k, top_p), tuple(int(t) for t in stop_tokens),
+                Sampling(temperature, top_k, top_p), _stop_tokens(stop_tokens),
                 attn_impl, moe_impl, topk_impl, drafter_attn_impl)
     lengths = np.array([len(p) for p in prompts], np.int32)
     if len(prompts) == 0 or np.any(lengths == 0):
         raise ValueError("prompts must be a non-empty list of non-empty token lists")
-    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), lengths.shape).copy()
+    max_new = integer_array("max_new_tokens", max_new_tokens)
+    if max_new.shape not in ((), lengths.shape):
+        raise ValueError(f"max_new_tokens must be one int or one per prompt ({len(prompts)}), "
+                         f"got shape {max_new.shape}")
+    max_new = np.broadcast_to(max_new, lengths.shape).astype(np.int32)
     if np.any(max_new < 1):
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new.tolist()}")
     padded = np.zeros((len(prompts), lengths.max()), np.int32)
     for i, p in enumerate(prompts):
+        p = integer_array(f"prompts[{i}]", p)
+        if p.ndim != 1:
+            raise ValueError(f"prompts[{i}] must be a list of token ids, got shape {p.shape}")
         padded[i, :len(p)] = p
     if padded.min() < 0 or padded.max() >= tcfg.vocab_size:
         raise ValueError(f"prompt token ids must lie in [0, {tcfg.vocab_size})")
@@ -379,6 +388,17 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
                          f"{tcfg.max_position_embeddings}")
     return Setup(plan, padded, lengths, max_new, max_len,
                  max_out=int(max_new.max()) + plan.max_depth + 1, max_steps=int(max_new.max()))
+
+
+def _stop_tokens(stop_tokens) -> tuple[int, ...]:
+    """One token id or a sequence of them -> a tuple of ints."""
+    stop = np.asarray(stop_tokens)
+    if stop.size == 0:
+        return ()
+    stop = integer_array("stop_tokens", stop)
+    if stop.ndim > 1:
+        raise ValueError(f"stop_tokens must be one token id or a list of them, got shape {stop.shape}")
+    return tuple(int(t) for t in stop.reshape(-1))
 
 
 def prefill(target, drafter, su: Setup, seed: int = 0,
@@ -398,7 +418,7 @@ def prefill(target, drafter, su: Setup, seed: int = 0,
 
 def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str = "ddtree",
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: int | Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
              topk_impl: str = "auto", drafter_attn_impl: str = "auto", stage_reps: int = 3,
              warmup: bool = True,
@@ -407,13 +427,13 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     """Speculative (or plain autoregressive) generation for S streams with their own prompts.
 
     target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one token list per
-    stream; max_new_tokens: one int or one per stream; stop_tokens end a stream (the stop token is
-    emitted); temperature 0 is greedy, otherwise tokens are sampled from the target's distribution
-    (optionally top-k / top-p truncated). max_len: target cache slots per stream (default: just
-    enough, rounded up to model.CACHE_SLOT_ALIGN). attn_impl, moe_impl: the target's kernel
-    implementations ("auto": by backend); topk_impl: the tree's (the top-K, the search, and the
-    accept walk with the cache compaction, "tree_accept"); drafter_attn_impl: the drafter's
-    projection and attention (likewise: "pallas_triton" on a GPU). `stage_times` are per-step
+    stream; max_new_tokens: one int or one per stream; stop_tokens (one id or several) end a
+    stream (the stop token is emitted); temperature 0 is greedy, otherwise tokens are sampled from
+    the target's distribution (optionally top-k / top-p truncated). max_len: target cache slots per
+    stream (default: just enough, rounded up to model.CACHE_SLOT_ALIGN). attn_impl, moe_impl: the
+    target's kernel implementations ("auto": by backend); topk_impl: the tree's (the top-K, the
+    search, and the accept walk with the cache compaction, "tree_accept"); drafter_attn_impl: the
+    drafter's projection and attention (likewise: "pallas_triton" on a GPU). `stage_times` are per-step
     seconds of the separately jitted stages (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
@@ -424,17 +444,14 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     (every decode is the same computation and yields the same tokens). decode_loop: see
     `decode_loop_for`; every loop yields the same tokens.
     """
-    if decode_loop not in DECODE_LOOPS:
-        raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {decode_loop!r}")
-    if not isinstance(steps_per_call, (int, np.integer)) or steps_per_call < 1:
-        raise ValueError(f"steps_per_call must be an int >= 1, got {steps_per_call!r}")
-    if not isinstance(timing_reps, (int, np.integer)) or timing_reps < 1:
-        raise ValueError(f"timing_reps must be an int >= 1, got {timing_reps!r}")
+    check_int("steps_per_call", steps_per_call, 1)
+    check_int("timing_reps", timing_reps, 1)
     su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
                temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens,
                max_len=max_len, attn_impl=attn_impl, moe_impl=moe_impl, topk_impl=topk_impl,
                drafter_attn_impl=drafter_attn_impl)
     plan, tparams = su.plan, target[1]
+    loop = decode_loop_for(plan, decode_loop)
     dparams = drafter[1] if plan.dcfg is not None else None
     t0 = time.perf_counter()
     state = prefill(target, drafter, su, seed)
@@ -442,13 +459,11 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     prefill_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    loop = decode_loop_for(plan, decode_loop)
     step = compile_decode(tparams, dparams, state, su, steps_per_call, loop)
     compile_s = time.perf_counter() - t0
-    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
-    stage_state = copy(state) if stage_reps else None
+    stage_state = copy_tree(state) if stage_reps else None
     if warmup:   # one-time costs of the executable's first run stay out of decode_s
-        jax.block_until_ready(step(tparams, dparams, copy(state)))
+        jax.block_until_ready(step(tparams, dparams, copy_tree(state)))
     prefilled, times = state, []
     for _ in range(timing_reps):
         state = jax.block_until_ready(step.load(prefilled))
@@ -524,6 +539,11 @@ DEVICE_LOOP_GRAPHS = {
 }
 
 
+def copy_tree(tree):
+    """A copy of every array in `tree` (a state, a cache): new buffers, same shapes and layout."""
+    return jax.tree_util.tree_map(jnp.copy, tree)
+
+
 @functools.partial(jax.jit, donate_argnums=0)
 def _place(buffers: EngineState, state: EngineState) -> EngineState:
     """`state` copied into `buffers` (donated): the result lives at `buffers`' addresses."""
@@ -563,7 +583,7 @@ class CompiledDecode:
         """`state` (not consumed) in this call's buffers, for the next call to run on; a plain
         copy where there are none (before the first call, or laid out otherwise)."""
         last = self.buffers(like=state)
-        return jax.tree_util.tree_map(jnp.copy, state) if last is None else _place(last, state)
+        return copy_tree(state) if last is None else _place(last, state)
 
     def __call__(self, tparams, dparams, state: EngineState):
         out = self.executable(tparams, dparams, state)
@@ -676,8 +696,6 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,
     def jit(fn, donate=()):
         return jax.jit(fn, static_argnames=("plan",), donate_argnames=donate)
 
-    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
-
     def timed(fn, make_args):
         calls = jax.block_until_ready([make_args() for _ in range(reps + 1)])
         with warnings.catch_warnings():   # a stage returns only part of a donated state
@@ -695,10 +713,10 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,
         times["draft"], logits = timed(jit(stage_draft), lambda: (tparams, dparams, state))
         times["tree"], tree = timed(jit(stage_tree), lambda: (logits,))
     times["verify"], (vlogits, cache, taps, tokens) = timed(
-        jit(stage_verify, ("state",)), lambda: (tparams, copy(state), tree))
-    times["accept"], _ = timed(jit(stage_accept, ("state", "cache")),
-                               lambda: (dparams, copy(state), tree, vlogits, copy(cache), taps, tokens))
+        jit(stage_verify, ("state",)), lambda: (tparams, copy_tree(state), tree))
+    times["accept"], _ = timed(jit(stage_accept, ("state", "cache")), lambda: (
+        dparams, copy_tree(state), tree, vlogits, copy_tree(cache), taps, tokens))
     per_call, _ = timed(functools.partial(_step, steps=steps_per_call),
-                        lambda: (tparams, dparams, copy(state)))
+                        lambda: (tparams, dparams, copy_tree(state)))
     times["step"] = per_call / steps_per_call
     return times

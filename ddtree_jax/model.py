@@ -20,6 +20,7 @@ import numpy as np
 
 from ddtree_jax import rope
 from ddtree_jax import sharding
+from ddtree_jax.checks import integer_array
 from ddtree_jax.config import ModelConfig
 from pallas_kernels import registry
 from pallas_kernels import moe as moe_kernels
@@ -366,13 +367,13 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, 
             attn_impl: str = "auto", moe_impl: str = "auto") -> ForwardOut:
     """Run T new tokens per stream against `cache`.
 
-    tokens, positions [S, T] int32; visibility [S, T, T] bool (None: causal among the new tokens);
-    num_new [S] int32 valid new tokens per stream (None: all T). New tokens are written at slots
+    tokens, positions [S, T] integer; visibility [S, T, T] bool (None: causal among the new tokens);
+    num_new [S] integer in [0, T], valid new tokens per stream (None: all T). New tokens are written at slots
     lengths[s] + t; the returned cache has lengths += num_new. Returns logits [S, T, V] float32,
     the cache, and the hidden states after layers `taps` concatenated [S, T, len(taps) * d].
     """
-    tokens = jnp.asarray(tokens)
-    positions = jnp.asarray(positions)
+    tokens = integer_array("tokens", tokens, jnp)
+    positions = integer_array("positions", positions, jnp)
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [streams, new_tokens], got shape {tokens.shape}")
     s, t = tokens.shape
@@ -385,7 +386,15 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, 
         visibility = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (s, t, t))
     elif visibility.shape != (s, t, t):
         raise ValueError(f"visibility shape {visibility.shape} != {(s, t, t)}")
-    num_new = jnp.full((s,), t, jnp.int32) if num_new is None else jnp.asarray(num_new, jnp.int32)
+    if num_new is None:
+        num_new = jnp.full((s,), t, jnp.int32)
+    else:
+        num_new = integer_array("num_new", num_new, jnp)
+        if num_new.shape != (s,):
+            raise ValueError(f"num_new shape {num_new.shape} != (streams,) = {(s,)}")
+        if _is_concrete(num_new) and (np.any(num_new < 0) or np.any(num_new > t)):
+            raise ValueError(f"num_new must lie in [0, new_tokens = {t}], got {num_new.tolist()}")
+        num_new = num_new.astype(jnp.int32)
     bad_taps = [i for i in taps if not 0 <= i < cfg.num_hidden_layers]
     if bad_taps:
         raise ValueError(f"taps {bad_taps} out of range [0, {cfg.num_hidden_layers})")
@@ -427,8 +436,8 @@ def _causal_logits(params, cfg, tokens, attn_mode, attn_impl, moe_impl):
 
 def target_logits(params, cfg: ModelConfig, tokens, *, attn_mode: str = "naive",
                   attn_impl: str = "auto", moe_impl: str = "auto"):
-    """Plain causal forward: tokens [B, T] int32 -> float32 logits [B, T, V] (positions 0..T-1)."""
-    tokens = jnp.asarray(tokens, jnp.int32)
+    """Plain causal forward: tokens [B, T] integer -> float32 logits [B, T, V] (positions 0..T-1)."""
+    tokens = integer_array("tokens", tokens, jnp).astype(jnp.int32)
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
     if _is_concrete(tokens) and (np.any(np.asarray(tokens) < 0) or np.any(np.asarray(tokens) >= cfg.vocab_size)):

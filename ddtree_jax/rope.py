@@ -55,10 +55,3 @@ def apply_interleaved(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp
     x0, x1 = xf[..., 0], xf[..., 1]
     out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
     return out.reshape(x.shape).astype(x.dtype)
-
-
-def apply_half(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
-    """Rotate (x[i], x[i + r/2]) pairs (the Llama/Qwen "rotate_half" layout) by cos/sin [..., r/2]."""
-    xf = x.astype(jnp.float32)
-    x0, x1 = jnp.split(xf, 2, axis=-1)
-    return jnp.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1).astype(x.dtype)

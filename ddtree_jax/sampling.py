@@ -5,9 +5,12 @@ these tokens, which is what makes the method lossless."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
+
+from ddtree_jax.checks import check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,10 +20,9 @@ class Sampling:
     top_p: float = 1.0         # 1: off
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        check_int("top_k", self.top_k, 0)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
 

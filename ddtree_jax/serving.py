@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import engine
+from ddtree_jax.checks import check_int
 from ddtree_jax.engine import EngineState, GenerateResult, Plan
 
 
@@ -76,7 +77,7 @@ def batch_sizes(streams: int) -> tuple[int, ...]:
 
 def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, method: str = "ddtree",
           budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
-          top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: Sequence[int] = (),
+          top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: int | Sequence[int] = (),
           max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
           topk_impl: str = "auto", drafter_attn_impl: str = "auto", steps_per_call: int = 1,
           max_lag: int | None = None,
@@ -90,13 +91,11 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     which some slot was active, `decode_seconds` the serving wall time, `prefill_seconds` the first
     `streams` prompts' prefill; no stage times.
     """
-    if not isinstance(streams, (int, np.integer)) or streams < 1:
-        raise ValueError(f"streams must be an int >= 1, got {streams!r}")
-    if not isinstance(steps_per_call, (int, np.integer)) or steps_per_call < 1:
-        raise ValueError(f"steps_per_call must be an int >= 1, got {steps_per_call!r}")
+    check_int("streams", streams, 1)
+    check_int("steps_per_call", steps_per_call, 1)
+    if max_lag is not None:
+        check_int("max_lag", max_lag, 1)
     lag = max(1, 3 // steps_per_call) if max_lag is None else max_lag
-    if lag < 1:
-        raise ValueError(f"max_lag must be >= 1, got {max_lag!r}")
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
                       max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                       top_p=top_p, stop_tokens=stop_tokens, max_len=max_len, attn_impl=attn_impl,
@@ -125,13 +124,12 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         admit[a] = _admit.lower(tparams, dparams, state, idx, idx, prompts_dev, lengths_dev,
                                 max_new_dev, **static).compile()
     compile_s = time.perf_counter() - t0
-    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
     if warmup:   # first-run costs of the executables stay out of the timed loop
-        jax.block_until_ready(step(tparams, dparams, copy(state)))
+        jax.block_until_ready(step(tparams, dparams, engine.copy_tree(state)))
         for a, fn in admit.items():
             idx = np.full(a, pad, np.int32)
-            jax.block_until_ready(fn(tparams, dparams, copy(state), idx, idx * 0, prompts_dev,
-                                     lengths_dev, max_new_dev))
+            jax.block_until_ready(fn(tparams, dparams, engine.copy_tree(state), idx, idx * 0,
+                                     prompts_dev, lengths_dev, max_new_dev))
             jax.block_until_ready(_rows(state, idx * 0))
 
     seen, started = [0.0] * n, [0.0] * n   # host clock: result seen, request admitted

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Iterable
 
-STAGES = ("draft", "tree", "verify", "accept")
+from ddtree_jax.bench_util import STAGES
 
 
 def point_key(params: dict) -> str:

@@ -30,9 +30,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ddtree_jax import sharding
+from ddtree_jax.checks import check_int
 from pallas_kernels import registry
 from pallas_kernels.tree_search import num_real_nodes
 from pallas_kernels.tree_search.xla import LOGP_FLOOR, ancestors, pack_bits
@@ -49,8 +49,9 @@ __all__ = ["LOGP_FLOOR", "Tree", "ancestors", "build_tree", "build_tree_from_log
 class Tree:
     """A batch of draft trees. Node 0 is the root (the last accepted token); nodes 1..B follow.
 
-    tokens [S, B] int32 (node i's token is tokens[:, i-1]); depths [S, B] int32 in 1..L;
-    parents [S, B+1] int32 (parents[:, 0] = -1); num_nodes [S] int32 (real non-root nodes);
+    tokens [S, B] int32 (node i's token is tokens[:, i-1]); depths [S, B] int32, 1..L for real
+    nodes; parents [S, B+1] int32 (parents[:, 0] = -1); num_nodes [S] int32 (real non-root nodes;
+    nodes num_nodes+1..B are padding: depth 0, parent -1, see the module docstring);
     visibility [S, B+1, B+1] bool (row i: i and its ancestors); node_mask [S, B+1, ceil((B+1)/32)]
     int32 (bit t%32 of word t//32 of row i = visibility[:, i, t], the attention kernel's form);
     scores [S, B] float32 path log-probs; max_depth = L (static).
@@ -64,11 +65,6 @@ class Tree:
     node_mask: jax.Array
     scores: jax.Array
     max_depth: int
-
-
-def _check_budget(budget) -> None:
-    if not isinstance(budget, (int, np.integer)) or isinstance(budget, bool) or budget < 1:
-        raise ValueError(f"budget must be an int >= 1; got {budget!r}")
 
 
 def _check_logits(x, name: str) -> None:
@@ -88,14 +84,14 @@ def build_tree(draft_logits: jax.Array, budget: int, *, topk_impl: str = "auto")
     topk_impl names the kernel implementation of the top-K and of the tree search. Non-finite
     logits are rejected when the array is concrete (not under a trace).
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     _check_logits(draft_logits, "draft_logits")
     return _build(draft_logits, int(budget), registry.resolve("topk_logsumexp", topk_impl), False)
 
 
 def build_tree_from_logprobs(logp: jax.Array, budget: int, *, topk_impl: str = "auto") -> Tree:
     """Like `build_tree`, but logp [S, L, V] are used as the per-depth log-probs as given."""
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     _check_logits(logp, "logp")
     return _build(logp, int(budget), registry.resolve("topk", topk_impl), True)
 

@@ -30,7 +30,6 @@ only the wall times are reported.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import tempfile
@@ -78,7 +77,6 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
     su = sus[0]
     tparams, dparams = target[1], drafter[1] if su.plan.dcfg is not None else None
     prefilled = [engine.prefill(target, drafter, x) for x in sus]
-    copy = functools.partial(jax.tree_util.tree_map, jnp.copy)
     steps = {}   # loop -> the compiled call it dispatches
     for loop in FLAGS.loops:
         if loop.startswith("device"):
@@ -87,7 +85,7 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
         else:   # "paced" and "unpaced" dispatch the same compiled step
             steps[loop] = next((steps[x] for x in steps if not x.startswith("device")), None) \
                 or engine.compile_decode(tparams, dparams, prefilled[0], su, k, "host")
-        jax.block_until_ready(steps[loop](tparams, dparams, copy(prefilled[0])))   # warm-up
+        jax.block_until_ready(steps[loop](tparams, dparams, engine.copy_tree(prefilled[0])))   # warm-up
 
     def decode(loop: str, state):   # engine.run_decode, with the host's time to dispatch each call
         def timed_step(tp, dp, s):

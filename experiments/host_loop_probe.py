@@ -60,15 +60,14 @@ def run_point(target, drafter, prompt, method: str, budget: int, n: int, ks: lis
                       max_new_tokens=max_new_tokens)
     tp, dp = target[1], drafter[1] if su.plan.dcfg is not None else None
     pre = engine.prefill(target, drafter, su)
-    copy = lambda s: jax.tree_util.tree_map(jnp.copy, s)  # noqa: E731
     comp = {k: engine._step.lower(tp, dp, pre, su.plan, k).compile() for k in {n, *ks}}
     for c in comp.values():
-        jax.block_until_ready(c(tp, dp, copy(pre)))   # warm-up
+        jax.block_until_ready(c(tp, dp, engine.copy_tree(pre)))   # warm-up
 
     def med(fn) -> tuple[float, engine.EngineState]:
         times = []
         for _ in range(reps):
-            state = jax.block_until_ready(copy(pre))
+            state = jax.block_until_ready(engine.copy_tree(pre))
             t0 = time.perf_counter()
             state = fn(state)
             state.out_len.block_until_ready()
@@ -102,7 +101,7 @@ def run_point(target, drafter, prompt, method: str, budget: int, n: int, ks: lis
                 row(f"decode lag {lag}{' paced' if pace else ''}", k, loop(k, lag, pace))
     if trace:
         k = ks[0]
-        state = jax.block_until_ready(copy(pre))
+        state = jax.block_until_ready(engine.copy_tree(pre))
         kernels = traced_kernels(lambda: loop(k, max(1, 3 // k), k > 1)(state).out_len
                                  .block_until_ready())
         if kernels:

@@ -106,3 +106,36 @@ def test_drafter_config():
         d.replace(target_layer_ids=(0, 61))
     with pytest.raises(ConfigError, match="hidden_size"):
         d.check_target(dj.ModelConfig.preset("tiny"))
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"q_lora_rank": 1.5}, r"q_lora_rank must be >= 1 and an int, got 1.5"),
+    ({"num_hidden_layers": True}, r"num_hidden_layers must be >= 1 and an int, got True"),
+    ({"n_shared_experts": 1.0}, r"n_shared_experts must be >= 0 and an int"),
+    ({"first_k_dense_replace": 0.5}, r"first_k_dense_replace must be >= 0 and an int"),
+    ({"bos_token_id": 1.0}, r"bos_token_id must be >= 0 and an int"),
+    ({"eos_token_id": (2, 3.5)}, r"eos_token_id must be >= 0 and an int, got 3.5"),
+])
+def test_model_config_integer_fields_refuse_floats_and_bools(change, match):
+    with pytest.raises(ConfigError, match=match):
+        dj.ModelConfig.preset("tiny", **change)
+
+
+def test_nested_integer_fields_refuse_floats():
+    with pytest.raises(ConfigError,
+                       match=r"rope_scaling.original_max_position_embeddings must be >= 1 and an int"):
+        dj.RopeScaling(factor=8.0, original_max_position_embeddings=64.0)
+    with pytest.raises(ConfigError, match=r"quant.group_size must be >= 1 and an int, got 32.0"):
+        dj.QuantConfig("int4", 32.0)
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"block_size": 2.5}, r"drafter block_size must be >= 2 and an int, got 2.5"),
+    ({"num_hidden_layers": True}, r"drafter num_hidden_layers must be >= 1 and an int, got True"),
+    ({"mask_token_id": 1.5}, r"drafter mask_token_id must be >= 0 and an int, got 1.5"),
+    ({"max_position_embeddings": 4096.0}, r"drafter max_position_embeddings must be >= 1 and an int"),
+    ({"target_layer_ids": (1.5,)}, r"drafter target_layer_ids entry must be >= 0 and an int, got 1.5"),
+])
+def test_drafter_config_integer_fields_refuse_floats_and_bools(override, match):
+    with pytest.raises(ConfigError, match=match):
+        dj.DrafterConfig.for_target(dj.ModelConfig.preset("tiny"), **override)

@@ -1,6 +1,7 @@
 """The speculative decoding engine: lossless at temperature 0 (token for token) and at temperature 1
 (distribution), cache compaction, bad input."""
 
+import functools
 import itertools
 
 import jax
@@ -119,8 +120,7 @@ def test_device_loop_graph_options_change_nothing_but_the_executable(pair32, pro
     for graphs in (True, False):
         call = engine.compile_decode(target[1], drafter[1], state, su, 2, "device",
                                      device_graphs=graphs)
-        s = engine.run_decode(call, target[1], drafter[1],
-                              jax.tree_util.tree_map(jnp.copy, state), su, 2, "device")
+        s = engine.run_decode(call, target[1], drafter[1], engine.copy_tree(state), su, 2, "device")
         finals.append(jax.tree_util.tree_map(np.asarray, (s.out_tokens, s.out_len, s.accept)))
     for a, b in zip(*finals):
         np.testing.assert_array_equal(a, b)
@@ -340,6 +340,65 @@ def test_bad_input(pair32):
         dcfg.replace(target_layer_ids=(cfg.num_hidden_layers,))
     with pytest.raises(ValueError, match="non-finite"):
         dj.build_tree(jnp.array([[[0.0, jnp.nan]]]), 2)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"budget": True}, r"budget must be an int >= 1, got True"),
+    ({"budget": 2.0}, r"budget must be an int >= 1, got 2.0"),
+    ({"max_new_tokens": 3.9}, r"max_new_tokens must hold integers, got dtype float64"),
+    ({"max_new_tokens": True}, r"max_new_tokens must hold integers, got dtype bool"),
+    ({"max_new_tokens": [4, 4, 4]},
+     r"max_new_tokens must be one int or one per prompt \(2\), got shape \(3,\)"),
+    ({"prompts": [[1, 2], [1.0, 2.5]]}, r"prompts\[1\] must hold integers, got dtype float64"),
+    ({"prompts": [[1, 2], [[1, 2]]]}, r"prompts\[1\] must be a list of token ids"),
+    ({"stop_tokens": 2.0}, r"stop_tokens must hold integers, got dtype float64"),
+    ({"stop_tokens": [[1], [2]]}, r"stop_tokens must be one token id or a list of them"),
+])
+def test_setup_rejects_bad_arguments(pair32, kw, match):
+    target, drafter = pair32
+    kw = {"prompts": [[1, 2], [3]], **kw}
+    with pytest.raises(ValueError, match=match):
+        engine.setup(target, drafter, kw.pop("prompts"), method="ddtree", **kw)
+
+
+def test_generate_and_serve_share_the_argument_checks(pair32):
+    target, drafter = pair32
+    for stop, plan_stop in [(3, (3,)), (np.array([3, 4]), (3, 4)), ([], ())]:
+        su = engine.setup(target, drafter, [[1]], method="ar", stop_tokens=stop)
+        assert su.plan.stop_tokens == plan_stop
+    for run in (engine.generate, functools.partial(dj.serve, streams=1)):
+        with pytest.raises(ValueError, match="budget must be an int >= 1, got True"):
+            run(target, drafter, [[1]], method="ddtree", budget=True)
+        with pytest.raises(ValueError, match="steps_per_call must be an int >= 1, got True"):
+            run(target, drafter, [[1]], method="ar", steps_per_call=True)
+    with pytest.raises(ValueError, match="decode_loop must be one of"):
+        engine.generate(target, drafter, [[1]], method="ar", decode_loop="gpu")
+    with pytest.raises(ValueError, match="max_lag must be an int >= 1, got 1.5"):
+        dj.serve(target, drafter, [[1]], streams=1, method="ar", max_lag=1.5)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"temperature": float("nan")}, r"temperature must be finite and >= 0, got nan"),
+    ({"temperature": float("inf")}, r"temperature must be finite"),
+    ({"temperature": -0.5}, r"temperature must be finite and >= 0"),
+    ({"top_k": 2.5}, r"top_k must be an int >= 0, got 2.5"),
+    ({"top_k": True}, r"top_k must be an int >= 0, got True"),
+    ({"top_k": -1}, r"top_k must be an int >= 0"),
+    ({"top_p": float("nan")}, r"top_p must lie in \(0, 1\], got nan"),
+])
+def test_sampling_rejects_bad_values(kw, match):
+    from ddtree_jax.sampling import Sampling
+    with pytest.raises(ValueError, match=match):
+        Sampling(**kw)
+
+
+def test_copy_tree_gives_new_buffers():
+    tree = {"a": jnp.arange(4), "b": (jnp.ones((2, 3)), None)}
+    copy = engine.copy_tree(tree)
+    assert jax.tree_util.tree_structure(copy) == jax.tree_util.tree_structure(tree)
+    for x, y in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(copy)):
+        np.testing.assert_array_equal(x, y)
+        assert x.unsafe_buffer_pointer() != y.unsafe_buffer_pointer()
 
 
 class _Counts:

@@ -179,6 +179,29 @@ def test_bad_input_errors(tiny):
         dj.target_logits(params, cfg, np.zeros((1, 2), np.int32), attn_mode="fast")
 
 
+def test_bad_num_new_and_dtypes(tiny):
+    cfg = tiny
+    params = dj.init_target(cfg, jax.random.key(1))
+    tokens, positions = np.zeros((2, 3), np.int32), np.tile(np.arange(3), (2, 1))
+    cache = dj.init_cache(cfg, 2, 8)
+    with pytest.raises(ValueError, match=r"num_new shape"):
+        dj.forward(params, cfg, tokens, positions, cache, num_new=np.array([3], np.int32))
+    with pytest.raises(ValueError, match=r"num_new must lie in \[0, new_tokens = 3\]"):
+        dj.forward(params, cfg, tokens, positions, cache, num_new=np.array([4, 1], np.int32))
+    with pytest.raises(ValueError, match=r"num_new must lie"):
+        dj.forward(params, cfg, tokens, positions, cache, num_new=np.array([-1, 1], np.int32))
+    with pytest.raises(ValueError, match="num_new must hold integers"):
+        dj.forward(params, cfg, tokens, positions, cache, num_new=np.array([1.5, 1.0]))
+    with pytest.raises(ValueError, match="tokens must hold integers"):
+        dj.forward(params, cfg, tokens.astype(np.float32), positions, cache)
+    with pytest.raises(ValueError, match="positions must hold integers"):
+        dj.forward(params, cfg, tokens, positions.astype(np.float32), cache)
+    with pytest.raises(ValueError, match="tokens must hold integers"):
+        dj.target_logits(params, cfg, np.array([[1.7, 2.0]]))
+    out = dj.forward(params, cfg, tokens, positions, cache, num_new=np.array([0, 3], np.int32))
+    np.testing.assert_array_equal(np.asarray(out.cache.lengths), [0, 3])
+
+
 def _k2_width_verify(tiny, *, dense: bool, slots: int):
     """A budget-64 tree verify (Q = 65, 2 streams with contexts 300 and 131) at K2's attention
     widths (64 heads, latent 512 + rope 64), the prefix prefilled by xla into a `slots`-slot

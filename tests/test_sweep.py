@@ -22,6 +22,11 @@ def _rec(i, **kw):
                 steps=3, stage_times={"step": 1e-3, "verify": 5e-4}, **kw)
 
 
+def test_stage_columns_are_the_engines_named_scopes():
+    from ddtree_jax import bench_util
+    assert sweep_io.STAGES is bench_util.STAGES == ("draft", "tree", "verify", "accept")
+
+
 def test_results_log_survives_a_torn_line(tmp_path):
     path = str(tmp_path / "r.jsonl")
     log = sweep_io.ResultsLog(path)

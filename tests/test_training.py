@@ -103,6 +103,16 @@ def test_distilled_continuations_are_the_targets_greedy_tokens(tmp_path):
         data.sample_rows(rows, 1, 10, seed=0, step=0)
 
 
+def test_sample_batch_reaches_the_last_window():
+    tokens = np.arange(10, dtype=np.uint16)
+    whole = data.sample_batch(tokens, 3, 10, seed=0, step=0)      # exactly one window fits
+    np.testing.assert_array_equal(whole, np.tile(np.arange(10), (3, 1)))
+    starts = {int(b[0]) for step in range(50) for b in data.sample_batch(tokens, 8, 7, seed=1, step=step)}
+    assert starts == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match="fewer than seq_len 11"):
+        data.sample_batch(tokens, 1, 11, seed=0, step=0)
+
+
 def test_train_drafter_on_distilled_rows(tmp_path):
     tcfg = ModelConfig.preset("tiny", vocab_size=2048)
     target = str(tmp_path / "target")

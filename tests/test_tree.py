@@ -185,7 +185,7 @@ def test_follow_tree_full_path():
 
 @pytest.mark.parametrize("budget", [0, -3, 2.5, True, None])
 def test_bad_budget(budget):
-    with pytest.raises(ValueError, match="budget"):
+    with pytest.raises(ValueError, match="budget must be an int >= 1"):
         T.build_tree(jnp.zeros((1, 2, 4)), budget)
 
 

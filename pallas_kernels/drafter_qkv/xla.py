@@ -1,5 +1,5 @@
-"""Pure-JAX drafter_qkv: the drafter module's own sequence of ops (Linear, RMSNorm, RoPE as
-`ddtree_jax.rope.apply_half`; written out here, since ddtree_jax imports this package)."""
+"""Pure-JAX drafter_qkv: the drafter module's own sequence of ops (Linear, RMSNorm, and RoPE in the
+Llama/Qwen "rotate_half" layout, `rotate_half`)."""
 
 from __future__ import annotations
 
