@@ -33,12 +33,12 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ddtree_jax import rope
 from ddtree_jax import sharding
 from ddtree_jax.config import DrafterConfig
 from ddtree_jax.model import Linear, RMSNorm, SwiGLU
+from pallas_kernels.checks import concrete
 from pallas_kernels.drafter_attention import drafter_attention
 from pallas_kernels.drafter_qkv import drafter_qkv
 
@@ -248,11 +248,6 @@ def init_drafter_cache(cfg: DrafterConfig, num_streams: int, max_ctx: int,
                         jnp.zeros((num_streams,), jnp.int32))
 
 
-def _concrete(x):
-    """x as a numpy array, or None while it is being traced."""
-    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
-
-
 def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target_hidden: jax.Array,
                    positions: jax.Array, num_new: jax.Array, attn_impl: str = "auto") -> DrafterCache:
     """Fuse and project new context tokens into the cache.
@@ -267,7 +262,7 @@ def append_context(params: dict, cfg: DrafterConfig, cache: DrafterCache, target
     _check_shape("target_hidden", target_hidden, (num_streams, n, _taps_width(cfg)))
     _check_shape("positions", positions, (num_streams, n))
     _check_shape("num_new", num_new, (num_streams,))
-    new, lengths = _concrete(num_new), _concrete(cache.lengths)
+    new, lengths = concrete(num_new), concrete(cache.lengths)
     if new is not None and ((new < 0) | (new > n)).any():
         raise ValueError(f"num_new {new.tolist()} must lie in [0, {n}]")
     if new is not None and lengths is not None and (lengths + new > max_ctx).any():
