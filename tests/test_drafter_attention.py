@@ -34,10 +34,14 @@ SHAPES = [(2, 16, 4, 1, 64, 100), (3, 5, 8, 2, 16, 37), (1, 16, 4, 4, 32, 64), (
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("impl", runnable_impls("drafter_attention"))
 def test_matches_golden_float32(impl, shape):
+    """Cache slots at or past a stream's context length hold NaN (stale slots may hold anything):
+    they must not reach the output."""
     rng = np.random.default_rng(sum(shape))
     args = _inputs(rng, *shape)
     scale = shape[4] ** -0.5
-    out = drafter_attention(*map(jnp.asarray, args), scale=scale, impl=impl)
+    stale = np.arange(shape[5])[None, None, :, None] >= args[3][:, None, None, None]
+    poisoned = [np.where(stale, np.nan, a) if i in (1, 2) else a for i, a in enumerate(args)]
+    out = drafter_attention(*map(jnp.asarray, poisoned), scale=scale, impl=impl)
     assert out.shape == shape[:3] + (shape[4],) and out.dtype == jnp.float32
     assert_close(out, drafter_attention_reference(*args, scale=scale), 2e-6, impl)
 

@@ -25,6 +25,7 @@ def drafter_attention_xla(q, ctx_k, ctx_v, ctx_lengths, k_blk, v_blk, *, scale: 
     s_ctx = dot("bqkgd,bknd->bkgqn", q, ctx_k)
     seen = jnp.arange(ctx_k.shape[2])[None, :] < ctx_lengths[:, None]             # [B, N]
     s_ctx = jnp.where(seen[:, None, None, None, :], s_ctx, -jnp.inf)
+    ctx_v = jnp.where(seen[:, None, :, None], ctx_v, 0)       # stale slots may hold anything, even NaN
     s_blk = dot("bqkgd,bnkd->bkgqn", q, k_blk.astype(dt))
     p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], axis=-1) * scale, axis=-1)
     p, n = p.astype(dt), ctx_k.shape[2]
