@@ -2,7 +2,9 @@
 and Pallas:Triton lowering of every build_tree kernel (no GPU needed: catches lowering errors).
 
 Pallas kernels run in interpret mode here, whose outputs start poisoned (NaN for floats, INT_MIN
-for ints), so an element a kernel fails to write cannot match the golden. Log-probs are multiples
+for ints), so an element a kernel fails to write cannot match the golden; bool outputs start False,
+so of `visibility` only the entries the golden sets are covered that way (the kernel writes it from
+`node_mask`, which is poisoned). Log-probs are multiples
 of 1/8, so float32 path sums are exact and must equal the float64 golden bit for bit.
 """
 
@@ -39,9 +41,10 @@ def _logp(rng, kind, S, L, V):
 
 
 # (S, L, V, budget, kind, with lse): budget > V (no pruning at first, the selection's bisection
-# and tie cut), L = 1 with fewer prefixes than budget, budget = 1, pruned lists, a deep tree.
+# and tie cut), L = 1 with fewer prefixes than budget, budget = 1, pruned lists, a deep tree, and
+# the engine's default budget 64 (65 nodes: three node_mask words per row).
 CASES = [(2, 4, 16, 20, "ints", True), (1, 1, 3, 10, "ints", False), (2, 3, 5, 1, "ints", True),
-         (2, 5, 40, 24, "spread", True), (2, 5, 40, 24, "peaked", True)]
+         (2, 5, 40, 24, "spread", True), (2, 5, 40, 24, "peaked", True), (1, 6, 40, 64, "spread", True)]
 
 
 @pytest.mark.parametrize("S,L,V,budget,kind,with_lse", CASES)
