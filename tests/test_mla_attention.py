@@ -23,7 +23,9 @@ from pallas_kernels.mla_attention.reference import (mla_attention_reference,
                                                     visibility_from_mask_reference)
 from tests.kernel_testing import assert_close, runnable_impls
 
-TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1.5e-2}
+# bf16: inputs and P rounded to bf16, softmax and sums in float32. Measured 1.7-3.0e-3 here (xla,
+# pallas_triton, the mosaic parts) and 2.1-3.1e-3 for the compiled kernels on the H200.
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 6e-3}
 
 
 def tree_visibility(rng, num_q: int, kind: str) -> np.ndarray:

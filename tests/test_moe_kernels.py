@@ -1,8 +1,9 @@
 """moe_experts (every implementation), INT4 packing and routing alignment against float64 goldens.
 
 Tolerances (relative Frobenius error vs the float64 golden on the same dequantised weights):
-float32 activations 1e-4 (the xla path lands near 1e-7; the Pallas kernels use the same f32 math);
-bf16 activations 1.5e-2 (x and the SiLU(gate)*up intermediate are rounded to bf16, about 3e-3).
+float32 activations 1e-5 (measured 2-5e-7: xla and the Pallas kernels use the same f32 math);
+bf16 activations 6e-3 (x and the SiLU(gate)*up intermediate are rounded to bf16: measured up to
+3.4e-3 here over fresh seeds, 2.3-3.3e-3 for the compiled kernels on the H200).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pallas_kernels.moe import int4
 from pallas_kernels.moe.reference import dequantize_int4_golden, moe_experts_golden
 from tests.kernel_testing import assert_close, runnable_impls
 
-TOL = {jnp.float32: 1e-4, jnp.bfloat16: 1.5e-2}
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 6e-3}
 
 
 def _rng():
