@@ -27,6 +27,7 @@ from absl import app
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import xla_bridge
 from ml_collections import config_flags
 
 import ddtree_jax as dj
@@ -183,12 +184,22 @@ def run_sweep(cfg) -> list[dict]:
     return records
 
 
+def add_xla_flags(xla_flags: str) -> None:
+    """Append `xla_flags` to XLA_FLAGS, which XLA reads once, when the backend starts; ValueError
+    if it has started already (an import that ran a computation), where they would be ignored."""
+    # private, but present in jax 0.10.2 and 0.11.2
+    if xla_bridge.backends_are_initialized():
+        raise ValueError(f"config.xla_flags={xla_flags!r} cannot apply: the JAX backend started "
+                         "before the sweep could set XLA_FLAGS; set XLA_FLAGS in the environment")
+    os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), xla_flags) if f)
+
+
 def main(argv):
     del argv
     cfg = _CONFIG.value
     t0 = time.perf_counter()
-    if cfg.xla_flags:  # read once, when the first computation starts the backend: that is below
-        os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), cfg.xla_flags) if f)
+    if cfg.xla_flags:
+        add_xla_flags(cfg.xla_flags)
     if cfg.compile_cache:     # identical stages of different points (and reruns) compile once
         jax.config.update("jax_compilation_cache_dir", cfg.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from ddtree_jax import engine, sweep_io
@@ -173,3 +174,16 @@ def test_served_point_runs_every_request_through_the_slots(tmp_path):
     static = engine.generate(target, drafter, [prompts[i % len(prompts)] for i in range(5)],
                              method="ddtree", budget=2, max_new_tokens=4, stage_reps=0)
     assert rec["tau"] == pytest.approx(static.tau)
+
+
+def test_xla_flags_need_a_backend_not_yet_started(monkeypatch):
+    """XLA reads XLA_FLAGS once, when the backend starts: config.xla_flags is appended before
+    that, and refused (not silently ignored) after."""
+    from experiments import speculative_sweep as sweep
+    jax.devices()                                     # the backend has started
+    with pytest.raises(ValueError, match="config.xla_flags"):
+        sweep.add_xla_flags("--xla_dump_to=/tmp/x")
+    monkeypatch.setattr(sweep.xla_bridge, "backends_are_initialized", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", "--a=1")
+    sweep.add_xla_flags("--b=2")
+    assert os.environ["XLA_FLAGS"] == "--a=1 --b=2"
