@@ -12,8 +12,9 @@ device loop for the speculative methods, the host loop for ar without stop token
 ddtree_jax.serving), speedup over ar at the same streams and temperature (ar at its own
 `ar_steps_per_call` when set: the baseline at its best dispatch setting), the step-time
 breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
-(flushed and fsynced); a restart with the same config skips the points already there. At the end:
-a summary table on stdout and <out_dir>/sweep_T<temperature>.png per temperature.
+(flushed and fsynced); a restart with the same config on the same JAX backend and device kind
+skips the points already there. At the end: a summary table on stdout and
+<out_dir>/sweep_T<temperature>.png per temperature.
 ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
 step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2).
 """
@@ -58,11 +59,14 @@ def load_pair(cfg):
 
 
 def grid(cfg, pair_id: str) -> list[dict]:
-    """Point parameters in run order: per (temperature, streams) ar first (the speedup baseline)."""
+    """Point parameters in run order: per (temperature, streams) ar first (the speedup baseline).
+    The JAX backend and device kind are parameters too, so a results file from another machine
+    is not resumed from."""
     points = []
+    device = dict(backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind)
     for temp in cfg.temperatures:
         for s in cfg.streams:
-            base = dict(pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
+            base = dict(device, pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
@@ -159,7 +163,7 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
     ar = log.records.get(_group(p, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
     base = rec["tokens_per_second"] if p["method"] == "ar" else (ar or {}).get("tokens_per_second")
     rec.update(speedup=rec["tokens_per_second"] / base if base else None,
-               backend=jax.default_backend(), wall_seconds=time.perf_counter() - t0,
+               wall_seconds=time.perf_counter() - t0,
                finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return rec
 

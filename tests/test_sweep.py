@@ -187,3 +187,19 @@ def test_xla_flags_need_a_backend_not_yet_started(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--a=1")
     sweep.add_xla_flags("--b=2")
     assert os.environ["XLA_FLAGS"] == "--a=1 --b=2"
+
+
+def test_points_are_keyed_by_backend_and_device_kind(tmp_path):
+    """A results file from another machine is not resumed from: the JAX backend and the device
+    kind are part of every point's key (and record)."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), ""))
+    points = sweep.grid(cfg, "p")
+    assert all(p["backend"] == jax.default_backend() and p["device_kind"] == jax.devices()[0].device_kind
+               for p in points)
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    elsewhere = dict(points[0], backend="gpu", device_kind="NVIDIA H200")
+    log.append(dict(elsewhere, key=sweep_io.point_key(elsewhere), tokens_per_second=1.0))
+    assert sweep_io.point_key(points[0]) not in log
+
