@@ -8,13 +8,13 @@ x temperature, on the shipped target + drafter pair (or a random tiny pair).
 Per point: tau, tokens/s (median of `timing_reps` decodes; `steps_per_call` engine steps per
 dispatch, or between the device loop's checks; `decode_loop` as engine.generate's, "auto": the
 device loop for the speculative methods, the host loop for ar without stop tokens; with
-`requests` > 0, `requests` prompts served through `streams` slots by continuous batching,
-ddtree_jax.serving), speedup over ar at the same streams and temperature (ar at its own
-`ar_steps_per_call` when set: the baseline at its best dispatch setting), the step-time
-breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
-(flushed and fsynced); a restart with the same config on the same JAX backend and device kind
-skips the points already there. At the end: a summary table on stdout and
-<out_dir>/sweep_T<temperature>.png per temperature.
+`requests` > 0, `requests` prompts served once through `streams` slots by continuous batching,
+ddtree_jax.serving, which takes timing_reps 1 and decode_loop "auto" only), speedup over ar at the
+same streams and temperature (ar at its own `ar_steps_per_call` when set: the baseline at its best
+dispatch setting), the step-time breakdown (engine stage times), steps. Each finished point is
+appended to <out_dir>/results.jsonl (flushed and fsynced); a restart with the same config on the
+same JAX backend and device kind skips the points already there. At the end: a summary table on
+stdout and <out_dir>/sweep_T<temperature>.png per temperature.
 ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
 step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2).
 """
@@ -62,6 +62,11 @@ def grid(cfg, pair_id: str) -> list[dict]:
     """Point parameters in run order: per (temperature, streams) ar first (the speedup baseline).
     The JAX backend and device kind are parameters too, so a results file from another machine
     is not resumed from."""
+    loop = cfg.get("decode_loop", "auto")
+    if cfg.requests and (cfg.timing_reps != 1 or loop != "auto"):
+        raise ValueError(f"config.timing_reps={cfg.timing_reps} and config.decode_loop={loop!r} set "
+                         f"how static batches are timed; with config.requests={cfg.requests} "
+                         f"serving.serve decodes once, with its own loop: leave them at 1 and 'auto'")
     points = []
     device = dict(backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind)
     for temp in cfg.temperatures:
@@ -70,7 +75,7 @@ def grid(cfg, pair_id: str) -> list[dict]:
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
-                        requests=cfg.requests, decode_loop=cfg.get("decode_loop", "auto"),
+                        requests=cfg.requests, decode_loop=loop,
                         drafter_attn_impl=cfg.get("drafter_attn_impl", "auto"))
             methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:

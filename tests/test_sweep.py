@@ -203,3 +203,16 @@ def test_points_are_keyed_by_backend_and_device_kind(tmp_path):
     log.append(dict(elsewhere, key=sweep_io.point_key(elsewhere), tokens_per_second=1.0))
     assert sweep_io.point_key(points[0]) not in log
 
+
+def test_served_points_refuse_static_timing_settings(tmp_path):
+    """serving.serve decodes once with its own loop: timing_reps / decode_loop other than 1 /
+    "auto" with requests > 0 are an error, not recorded and ignored."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), "", requests=4))
+    for field, value in (("timing_reps", 3), ("decode_loop", "device")):
+        bad = cfg.copy_and_resolve_references()
+        bad[field] = value
+        with pytest.raises(ValueError, match=f"config.{field}="):
+            sweep.grid(bad, "p")
+    assert [p["timing_reps"] for p in sweep.grid(_load_config("serve_h200"), "p")][:1] == [1]
