@@ -14,7 +14,10 @@ same streams and temperature (ar at its own `ar_steps_per_call` when set: the ba
 dispatch setting), the step-time breakdown (engine stage times), steps. Each finished point is
 appended to <out_dir>/results.jsonl (flushed and fsynced); a restart with the same config on the
 same JAX backend and device kind skips the points already there. At the end: a summary table on
-stdout and <out_dir>/sweep_T<temperature>.png per temperature.
+stdout and <out_dir>/sweep_T<temperature>.png per temperature. At temperature 0 a speculative
+point's tokens must be ar's (ddtree_jax.parity.check_greedy: equal, or apart from a near-tie in the
+target's logits, counted in "greedy_ties") before its numbers are recorded; ar's records keep their
+tokens for that check, in this run and in a resumed one.
 ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
 step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2).
 """
@@ -33,7 +36,7 @@ from ml_collections import config_flags
 
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
-from ddtree_jax import engine, serving, sweep_io
+from ddtree_jax import engine, parity, serving, sweep_io
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/sweep_default.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "sweep config file")
@@ -98,17 +101,21 @@ def _batches(prompts, streams: int, batches: int):
     return [cycled[i * streams:(i + 1) * streams] for i in range(batches)]
 
 
+def _served(prompts, requests: int):
+    return [prompts[i % len(prompts)] for i in range(requests)]
+
+
 def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> dict:
     """Run every prompt batch (static batches), or serve p["requests"] requests through
     p["streams"] slots (continuous batching, `prompts` cycled); tau over all (stream, step) pairs,
-    tokens/s = tokens / decode time."""
+    tokens/s = tokens / decode time; "tokens": the generated ids per batch (served: one batch of
+    every request), per stream."""
     kw = dict(method=p["method"].replace("-auto", ""), budget=budget,
               max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
               top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"],
               drafter_attn_impl=p["drafter_attn_impl"])
     if p["requests"]:
-        r = serving.serve(target, drafter, [prompts[i % len(prompts)] for i in range(p["requests"])],
-                          streams=p["streams"], **kw)
+        r = serving.serve(target, drafter, _served(prompts, p["requests"]), streams=p["streams"], **kw)
         stage = {}   # the breakdown comes from a static batch
         if cfg.stage_reps:
             stage = engine.generate(target, drafter, batches[0], stage_reps=cfg.stage_reps,
@@ -119,13 +126,14 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
                     generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
                     compile_seconds=r.compile_seconds, steps=r.steps, device_steps=r.device_steps,
                     stage_times=stage, request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
-                    request_tokens_per_second=float(per_request.mean()))
-    acc, tokens, decode, compile_s, steps, device_steps, stage = [], 0, 0.0, 0.0, 0, 0, None
+                    request_tokens_per_second=float(per_request.mean()), tokens=[r.tokens])
+    acc, tokens, decode, compile_s, steps, device_steps, stage, ids = [], 0, 0.0, 0.0, 0, 0, None, []
     for batch in batches:
         r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
                             timing_reps=p["timing_reps"], decode_loop=p["decode_loop"], **kw)
         acc += [a for row in r.acceptance_lengths for a in row]
         tokens += sum(len(t) - 1 for t in r.tokens)
+        ids.append(r.tokens)
         decode += r.decode_seconds
         compile_s += r.compile_seconds
         steps += r.steps
@@ -133,11 +141,23 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
         stage = r.stage_times if stage is None else stage
     return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
                 generated=tokens, decode_seconds=decode, compile_seconds=compile_s, steps=steps,
-                device_steps=device_steps, stage_times=stage, loop=r.decode_loop)
+                device_steps=device_steps, stage_times=stage, loop=r.decode_loop, tokens=ids)
 
 
 def _group(p: dict, **changes) -> str:
     return sweep_io.point_key(dict(p, **changes))
+
+
+def check_greedy(target, prompts, batches, p: dict, rec: dict, ar: dict | None) -> int:
+    """A temperature-0 speculative point's tokens against its group's ar point's, batch by batch
+    (parity.check_greedy); -> streams that left ar's tokens at a near-tie."""
+    what = f"{p['method']}{'@' + str(rec['budget']) if rec['budget'] else ''} at {p['streams']} streams"
+    if not ar or "tokens" not in ar:
+        raise ValueError(f"{what}, temperature 0: its tokens are checked against the ar point of its "
+                         f"group, which is not in the results log (grid runs it first)")
+    groups = [_served(prompts, p["requests"])] if p["requests"] else batches
+    return sum(parity.check_greedy(target, g, want, got, f"{what}, batch {b}")
+               for b, (g, want, got) in enumerate(zip(groups, ar["tokens"], rec["tokens"])))
 
 
 def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) -> dict:
@@ -166,6 +186,10 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
                **_generate(target, drafter, prompts, batches, p, budget, cfg))
     rec["budget"] = budget if p["method"].startswith("ddtree") else None
     ar = log.records.get(_group(p, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
+    if p["temperature"] == 0 and p["method"] != "ar":   # lossless, or no numbers
+        rec["greedy_ties"] = check_greedy(target, prompts, batches, p, rec, ar)
+    if p["method"] != "ar" or p["temperature"] != 0:   # ar's temperature-0 records keep them for
+        del rec["tokens"]                              # the later points, this run's or a resumed one's
     base = rec["tokens_per_second"] if p["method"] == "ar" else (ar or {}).get("tokens_per_second")
     rec.update(speedup=rec["tokens_per_second"] / base if base else None,
                wall_seconds=time.perf_counter() - t0,

@@ -1,5 +1,6 @@
 """The speculative sweep: crash-safe results log, grid, resume after a kill, the default config."""
 
+import dataclasses
 import glob
 import importlib.util
 import json
@@ -12,7 +13,7 @@ import time
 import jax
 import pytest
 
-from ddtree_jax import engine, sweep_io
+from ddtree_jax import engine, parity, sweep_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,7 +120,9 @@ def test_auto_point_uses_the_groups_step_times(tmp_path):
     points = sweep.grid(cfg, pair)
     assert [p["method"] for p in points] == ["ar", "ddtree", "ddtree", "ddtree-auto"]
     log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
-    for p, step in zip(points[:3], (1e-3, 2e-3, 2.5e-3)):
+    log.append(dict(sweep.run_point(target, drafter, prompts, points[0], log, cfg),
+                    stage_times={"step": 1e-3}))
+    for p, step in zip(points[1:3], (2e-3, 2.5e-3)):
         log.append(dict(p, key=sweep_io.point_key(p), tokens_per_second=100.0, stage_times={"step": step}))
     rec = sweep.run_point(target, drafter, prompts, points[3], log, cfg)
     assert rec["curve_budgets"] == [2, 4] and rec["curve_seconds"] == [2e-3, 2.5e-3]
@@ -137,9 +140,9 @@ def test_ar_baseline_runs_at_its_own_steps_per_call(tmp_path):
     points = sweep.grid(cfg, pair)
     assert [(p["method"], p["steps_per_call"]) for p in points] == [("ar", 3), ("ddtree", 2)]
     log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
-    log.append(dict(points[0], key=sweep_io.point_key(points[0]), tokens_per_second=1.0))
+    log.append(dict(sweep.run_point(target, drafter, prompts, points[0], log, cfg), tokens_per_second=1.0))
     rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
-    assert rec["speedup"] == pytest.approx(rec["tokens_per_second"])
+    assert rec["speedup"] == pytest.approx(rec["tokens_per_second"]) and rec["greedy_ties"] == 0
     assert rec["loop"] == "device"   # "auto": the speculative methods' decode runs on the device
     assert "| ddtree | 2 | 2 device |" in sweep_io.summary_table([rec])
     assert _load_config("sweep_h200").ar_steps_per_call == 8
@@ -167,8 +170,11 @@ def test_served_point_runs_every_request_through_the_slots(tmp_path):
     points = sweep.grid(cfg, pair)
     assert [(p["method"], p["requests"]) for p in points] == [("ar", 5), ("ddtree", 5)]
     log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    log.append(sweep.run_point(target, drafter, prompts, points[0], log, cfg))
+    assert len(log.records[sweep_io.point_key(points[0])]["tokens"][0]) == 5
     rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
     assert rec["generated"] == 5 * 3 and rec["steps"] >= 3 and rec["tau"] >= 1
+    assert rec["greedy_ties"] == 0 and "tokens" not in rec
     assert 0 < rec["request_p50_s"] <= rec["request_p90_s"] <= rec["decode_seconds"]
     assert rec["request_tokens_per_second"] > 0
     static = engine.generate(target, drafter, [prompts[i % len(prompts)] for i in range(5)],
@@ -216,3 +222,30 @@ def test_served_points_refuse_static_timing_settings(tmp_path):
         with pytest.raises(ValueError, match=f"config.{field}="):
             sweep.grid(bad, "p")
     assert [p["timing_reps"] for p in sweep.grid(_load_config("serve_h200"), "p")][:1] == [1]
+
+
+def test_a_point_that_is_not_lossless_is_refused(tmp_path, monkeypatch):
+    """At temperature 0 a speculative point's tokens must be ar's, taken from ar's record (as in a
+    resumed run), before its numbers are recorded: one changed token is an error naming the point,
+    the stream and the position."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), "", streams=(2,)))
+    target, drafter, prompts, pair = sweep.load_pair(cfg)
+    points = sweep.grid(cfg, pair)
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    log.append(sweep.run_point(target, drafter, prompts, points[0], log, cfg))
+    generate = engine.generate
+
+    def one_token_off(*args, **kw):
+        r = generate(*args, **kw)
+        tokens = [list(t) for t in r.tokens]
+        tokens[1][1] = (tokens[1][1] + 1) % cfg.random_vocab
+        return dataclasses.replace(r, tokens=tokens)
+
+    monkeypatch.setattr(engine, "generate", one_token_off)
+    with pytest.raises(AssertionError, match=r"ddtree@2 at 2 streams, batch 0: stream 1 emits token "
+                                             r"\d+ at position 1 where ar emits"):
+        sweep.run_point(target, drafter, prompts, points[1], sweep_io.ResultsLog(log.path), cfg)
+    monkeypatch.setattr(parity, "TIE_REL", 2.0)       # every difference within a "near-tie"
+    assert sweep.run_point(target, drafter, prompts, points[1], log, cfg)["greedy_ties"] == 1
