@@ -40,7 +40,7 @@ def test_results_log_survives_a_torn_line(tmp_path):
         assert [json.loads(line)["budget"] for line in f] == [2, 4, 8]
 
 
-def test_summary_and_plot(tmp_path):
+def test_summary_and_plot(tmp_path, monkeypatch, capsys):
     recs = [_rec(1), _rec(2), dict(_rec(3), method="ar", budget=None, speedup=1.0)]
     table = sweep_io.summary_table(recs)
     assert table.count("\n") == 4 and "| ar |" in table.splitlines()[2]
@@ -48,6 +48,9 @@ def test_summary_and_plot(tmp_path):
     png = tmp_path / "p.png"
     sweep_io.plot_sweep(recs, str(png), 0.0)
     assert png.stat().st_size > 1000
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # no [plots] extra: a note, no error
+    sweep_io.plot_sweep(recs, str(tmp_path / "q.png"), 0.0)
+    assert "q.png not written" in capsys.readouterr().out and not (tmp_path / "q.png").exists()
     served = sweep_io.summary_table(recs[:2] + [dict(_rec(4), requests=8, request_p50_s=0.25,
                                                      request_tokens_per_second=12.5, device_steps=4)])
     lines = served.splitlines()
