@@ -94,8 +94,13 @@ def summary_table(records: Iterable[dict]) -> str:
 
 def plot_sweep(records: Iterable[dict], path: str, temperature: float) -> None:
     """tau and tokens/s against budget at one temperature: a line per stream count (ddtree), the
-    auto-chosen budget as a star, ar and dflash as dotted horizontal lines."""
-    import matplotlib
+    auto-chosen budget as a star, ar and dflash as dotted horizontal lines; without matplotlib (the
+    [plots] extra) a printed note instead."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed (pip install -e '.[plots]'): {path} not written", flush=True)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

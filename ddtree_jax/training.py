@@ -268,8 +268,13 @@ class Progress:
 
 
 def plot_losses(losses: np.ndarray, path: str, title: str) -> None:
-    """Raw loss per step and its moving average, as a PNG."""
-    import matplotlib
+    """Raw loss per step and its moving average, as a PNG; without matplotlib (the [plots] extra)
+    a printed note instead."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed (pip install -e '.[plots]'): {path} not written", flush=True)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     steps = np.arange(1, losses.size + 1)

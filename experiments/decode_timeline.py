@@ -16,7 +16,11 @@ loop (engine.decode as generate runs it with decode_loop="host": for ar without 
 exactly the known calls and no reads), "unpaced" the same without pacing (dispatching `max_lag`
 calls ahead to the end), "device" the whole decode as one call (decode_loop="device", compiled
 with engine.DEVICE_LOOP_GRAPHS), "device_xla_graphs" the same call compiled with XLA's default
-command buffers (the engine before session 16); every loop must emit the same tokens. Reported: median wall ms, the steps the device ran, and the median
+command buffers (the engine before session 16). Before any timing, one untimed decode per loop
+and batch: every loop must emit the same tokens, and ar's (ddtree_jax.parity.check_greedy: equal,
+or apart from a near-tie in the target's logits at bf16 rounding), ar's being those of an ar point
+of the same streams earlier in --points, else an untimed engine.generate(method="ar"); the timed
+decodes must match across loops too. Reported: median wall ms, the steps the device ran, and the median
 host time to dispatch one call (the step's launches: when it exceeds the device time of a call,
 the host sets the pace). With `--batches` > 1 each point
 decodes that many batches of consecutive held-out prompts (one compiled step for all; e.g. every
@@ -41,7 +45,7 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import bench_util, data, engine
+from ddtree_jax import bench_util, data, engine, parity
 
 FLAGS = flags.FLAGS
 LOOPS = ("paced", "unpaced", "device", "device_xla_graphs")
@@ -66,7 +70,26 @@ def prompt_batches(prompts, streams: int, batches: int) -> list[list]:
             for b in range(batches)]
 
 
-def run_point(target, drafter, prompts, method: str, budget: int, streams: int, k: int) -> dict:
+def _final(state) -> dict:
+    return {f: np.array(getattr(state, f)) for f in ("out_len", "out_tokens", "accept", "step")}
+
+
+def _check_loops(finals: dict, batches: int) -> None:
+    """Every loop must emit the same tokens (finals: (loop, batch) -> `_final`)."""
+    first = FLAGS.loops[0]
+    for loop in FLAGS.loops[1:]:
+        for b in range(batches):
+            for field in ("out_len", "out_tokens", "accept"):
+                if not np.array_equal(finals[(loop, b)][field], finals[(first, b)][field]):
+                    raise AssertionError(f"{loop} loop's {field} differs from the {first} "
+                                         f"loop's in batch {b}")
+
+
+def run_point(target, drafter, prompts, method: str, budget: int, streams: int, k: int,
+              greedy: dict) -> dict:
+    """One point; greedy: streams -> ar's tokens per batch, per stream (filled by an ar point, or
+    here by an untimed engine.generate) that this point's tokens are checked against before it
+    is timed."""
     batches = prompt_batches(prompts, streams, FLAGS.batches)
     # One cache size for every batch, so one compiled step serves them all.
     kw = dict(method=method, budget=max(budget, 1), max_new_tokens=FLAGS.max_new_tokens,
@@ -101,8 +124,29 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
         state.out_len.block_until_ready()
         return time.perf_counter() - t0, state
 
+    finals = {}   # untimed: every loop's tokens, checked before anything is timed
+    for b, pre in enumerate(prefilled):
+        for loop in FLAGS.loops:
+            dispatch = []
+            finals[(loop, b)] = _final(decode(loop, jax.block_until_ready(steps[loop].load(pre)))[1])
+    _check_loops(finals, len(batches))
+    tokens = [[row[:n].tolist() for row, n in zip(finals[(FLAGS.loops[0], b)]["out_tokens"],
+                                                  finals[(FLAGS.loops[0], b)]["out_len"])]
+              for b in range(len(batches))]
+    if method == "ar":
+        greedy[streams] = tokens
+    else:
+        if streams not in greedy:
+            greedy[streams] = [engine.generate(target, drafter, batch, method="ar", stage_reps=0,
+                                               max_new_tokens=FLAGS.max_new_tokens).tokens
+                               for batch in batches]
+        for b, batch in enumerate(batches):
+            parity.check_greedy(target, batch, greedy[streams][b], tokens[b],
+                                f"{method}{'@' + str(budget) if method == 'ddtree' else ''} at {streams} "
+                                f"streams, k={k}, batch {b}")
+
     walls = {loop: [[] for _ in batches] for loop in FLAGS.loops}
-    dispatches, finals = {loop: [] for loop in FLAGS.loops}, {}
+    dispatches = {loop: [] for loop in FLAGS.loops}
     for _ in range(FLAGS.reps):
         for b, pre in enumerate(prefilled):
             for loop in FLAGS.loops:
@@ -115,15 +159,9 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
                 walls[loop][b].append(wall)
                 dispatches[loop] += dispatch
                 # read now: the loop's next decode reuses this state's buffers (engine.CompiledDecode)
-                finals[(loop, b)] = {f: np.array(getattr(state, f))
-                                     for f in ("out_len", "out_tokens", "accept", "step")}
+                finals[(loop, b)] = _final(state)
+    _check_loops(finals, len(batches))   # the timed decodes too
     first = FLAGS.loops[0]
-    for loop in FLAGS.loops[1:]:   # every loop must emit the same tokens
-        for b in range(len(batches)):
-            for field in ("out_len", "out_tokens", "accept"):
-                if not np.array_equal(finals[(loop, b)][field], finals[(first, b)][field]):
-                    raise AssertionError(f"{loop} loop's {field} differs from the {first} "
-                                         f"loop's in batch {b}")
     out_len = [finals[(first, b)]["out_len"] for b in range(len(batches))]
     accept = [finals[(first, b)]["accept"] for b in range(len(batches))]
     tokens = int(sum(o.sum() - streams for o in out_len))
@@ -162,9 +200,9 @@ def main(argv):
     target = dj.load_target(os.path.join(FLAGS.pair_dir, "target"), dtype=dtype)
     drafter = dj.load_drafter(os.path.join(FLAGS.pair_dir, "drafter"), dtype=dtype)
     prompts = data.load_prompts(os.path.join(FLAGS.pair_dir, "heldout_prompts.json"))
-    recs = []
+    recs, greedy = [], {}
     for method, budget, streams, k in points:
-        recs.append(run_point(target, drafter, prompts, method, budget, streams, k))
+        recs.append(run_point(target, drafter, prompts, method, budget, streams, k, greedy))
         print(json.dumps(recs[-1]), flush=True)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:

@@ -31,6 +31,10 @@ with n along --axis ("tensor": routed experts, heads, MLP width and vocabulary s
           projections, router, shared expert, norms, all-reduces, embedding. A part timed alone
           lacks the overlap and fusion it gets inside the verify program, so rest is approximate
           and comes out negative when the parts' sum exceeds the verify.
+Check: with n > 1, a 1-way run first computes every point's tree and verify logits (untimed, when
+the 1-way memory plan fits one --plan_device; else none, said in the output and the JSON); each
+n-way verify then runs on that tree, and its logits must match within ddtree_jax.parity.SHARDED_TOL
+(relative error 5e-2 in bfloat16, 1e-3 in float32) before the verify, accept and parts are timed.
 Timing: median over --reps rounds of --inner back-to-back calls synchronised once per round (the
 host's dispatch overlaps the device's work), after one untimed call; compiles are ahead of time
 (lower + compile) and timed separately. Verified tokens/s = S (B+1) / verify time.
@@ -64,7 +68,7 @@ from ddtree_jax import engine
 from ddtree_jax import memory_plan as mp
 from ddtree_jax import model as tgt
 from ddtree_jax import roofline as rf
-from ddtree_jax import sharding
+from ddtree_jax import parity, sharding
 from ddtree_jax.bench_util import markdown_table, median_seconds
 from ddtree_jax.drafter import DrafterCache
 from ddtree_jax.sampling import Sampling
@@ -262,18 +266,28 @@ class _Chain:
 # ---- one point -----------------------------------------------------------------------------------
 
 def measure_point(progs: _Programs, tparams, dparams, state, draft_logits, cfg, dcfg, budget: int,
-                  streams: int, key, reps: int, inner: int, parts: bool):
-    """Seconds per stage and per part at (budget, streams); -> (row of seconds, the latest state)."""
+                  streams: int, key, reps: int, inner: int, parts: bool, ref=None):
+    """Seconds per stage and per part at (budget, streams); -> (row of seconds, the latest state).
+    ref: the 1-way run's (tree, verify logits) here (`reference_outputs`): the verify then runs on
+    that tree, and its logits must match before anything after the tree is timed (the row's
+    "logits_error" is their relative error)."""
     plan = engine.Plan(cfg, dcfg, "ddtree", budget, Sampling(), ())
     time_of = functools.partial(median_seconds, reps=reps, inner=inner)
     row = {}
     tree_c = progs.compile("tree", _tree, draft_logits, plan=plan)
     row["tree"] = time_of(tree_c, draft_logits)
     tree = tree_c(draft_logits)
+    if ref is not None:   # the n-way draft may round a near-tie of the random drafter otherwise
+        tree = jax.device_put(ref[0], jax.tree.map(lambda x: x.sharding, tree))
 
     verify_c = progs.compile("verify", _verify, tparams, state, tree, plan=plan)
     row["verify_temp_bytes"] = _temp_bytes(verify_c)
     chain = _Chain(verify_c, state, before=(tparams,), after=(tree,))
+    if ref is not None:
+        n = len(jax.tree.leaves(tparams)[0].sharding.device_set)
+        row["logits_error"] = parity.check_sharded(
+            f"{n}-way verify logits (budget {budget}, {streams} streams)", np.asarray(chain()[0]),
+            ref[1], state.tcache.kv[0].dtype)
     row["verify"] = time_of(chain)
     logits, taps, tokens, state = chain.out
 
@@ -385,7 +399,8 @@ TABLE = (("devices", "n"), ("budget", "B"), ("streams", "S"), ("tokens", "tokens
          ("moe_ms", "MoE ms/MoE layer"), ("rest_ms", "rest ms/layer"), ("head_ms", "head ms"),
          ("draft_ms", "draft ms"), ("tree_ms", "tree ms"), ("accept_ms", "accept ms"),
          ("proj_verify_ms", "projected verify ms"), ("verify_ratio", "measured/projected"),
-         ("full_extrapolated_ms", "full: extrapolated ms"), ("full_projected_ms", "full: projected ms"))
+         ("full_extrapolated_ms", "full: extrapolated ms"), ("full_projected_ms", "full: projected ms"),
+         ("logits_error", "logits error vs 1-way"))
 
 
 def _plan_table(plans) -> str:
@@ -433,9 +448,31 @@ def _print_run_plan(o: Options, n: int, cfg, dcfg, full, work: mp.Workload, resu
     return shape
 
 
+def reference_outputs(o: Options, cfg, dcfg, work: mp.Workload) -> dict:
+    """(streams, budget) -> the 1-way run's tree and verify logits (host arrays), untimed: the
+    same params, state and draft as `_measure_mesh` on one device."""
+    mesh = sharding.make_mesh((1,) * len(sharding.AXES))
+    tparams = random_params(mp.target_shapes(cfg, o.dtype), mesh, seed=1)
+    dparams = random_params(mp.drafter_shapes(dcfg, o.dtype), mesh, seed=2)
+    key, out = jax.random.key(0), {}
+    with jax.set_mesh(mesh):
+        for s in o.streams:
+            state = make_state(key, cfg=cfg, dcfg=dcfg, streams=s, max_len=work.max_len,
+                               context=o.context, dtype=jnp.dtype(o.dtype))
+            draft_logits = _draft(tparams, dparams, state,
+                                  plan=engine.Plan(cfg, dcfg, "ddtree", 1, Sampling(), ()))
+            for b in o.budgets:
+                plan = engine.Plan(cfg, dcfg, "ddtree", b, Sampling(), ())
+                tree = _tree(draft_logits, plan=plan)
+                logits, _, _, state = _verify(tparams, state, tree, plan=plan)
+                out[(s, b)] = (jax.tree.map(np.asarray, tree), np.asarray(logits))
+    return out
+
+
 def _measure_mesh(o: Options, n: int, cfg, dcfg, full, dfull, work: mp.Workload, result: dict,
-                  write, out_of_time) -> None:
-    """Every (streams, budget) point on the mesh of the first n devices."""
+                  write, out_of_time, reference: dict | None) -> None:
+    """Every (streams, budget) point on the mesh of the first n devices; n > 1 with a
+    `reference_outputs`: each point's verify is checked against it before it is timed."""
     shape = _print_run_plan(o, n, cfg, dcfg, full, work, result)
     mesh = sharding.make_mesh(shape)
     progs, key = _Programs(), jax.random.key(0)
@@ -459,15 +496,18 @@ def _measure_mesh(o: Options, n: int, cfg, dcfg, full, dfull, work: mp.Workload,
                 if out_of_time():
                     result["skipped"].append(dict(devices=n, budget=b, streams=s))
                     continue
+                ref = reference[(s, b)] if reference and n > 1 else None
                 t, state = measure_point(progs, tparams, dparams, state, draft_logits, cfg, dcfg, b, s,
-                                         jax.random.fold_in(key, 1000 * s + b), o.reps, o.inner, o.parts)
+                                         jax.random.fold_in(key, 1000 * s + b), o.reps, o.inner, o.parts,
+                                         ref)
+                err = t.pop("logits_error", None)
                 t["draft"] = t_draft
                 proj = lambda c, d, g: projection(c, d, g, o.context, s, b, o.gpu, o.calibration)
                 act = mp.activation_bytes(cfg, dcfg, dataclasses.replace(work, streams=s, budget=b),
                                           mp.abstract_mesh(shape))["peak"]
                 row = dict(devices=n, mesh=shape, budget=b, streams=s, tokens=s * (b + 1),
                            tokens_per_s=s * (b + 1) / t["verify"], verify_temp_bytes=t["verify_temp_bytes"],
-                           plan_activation_bytes=act)
+                           plan_activation_bytes=act, logits_error=err)
                 row.update(summarize(t, cfg, full, proj(cfg, dcfg, n), proj(full, dfull, n),
                                      proj(full, dfull, o.plan_devices)))
                 result["points"].append(row)
@@ -522,8 +562,19 @@ def run(o: Options) -> dict:
           f"programs to compile: {n_points * len(per_point) + 2 * len(o.devices) * len(o.streams)} "
           f"({len(per_point)} per point: {', '.join(per_point)}; 2 per (n, S): state, draft), plus small "
           f"input and random-parameter programs", flush=True)
+    reference = None
+    if max(o.devices) > 1:
+        if mp.plan(cfg, dcfg, (1,) * len(sharding.AXES), work, o.plan_device).fits:
+            t0 = time.perf_counter()
+            reference = reference_outputs(o, cfg, dcfg, work)
+            result["logits_check"] = (f"n-way verify logits against the 1-way run's, relative error "
+                                      f"<= {parity.SHARDED_TOL[o.dtype]:g}")
+            print(f"1-way reference (trees, verify logits) in {time.perf_counter() - t0:.1f} s", flush=True)
+        else:
+            result["logits_check"] = f"none: the 1-way run does not fit one {o.plan_device}"
+        print(f"check: {result['logits_check']}", flush=True)
     for n in o.devices:
-        _measure_mesh(o, n, cfg, dcfg, full, dfull, work, result, write, out_of_time)
+        _measure_mesh(o, n, cfg, dcfg, full, dfull, work, result, write, out_of_time, reference)
     result["wall_s"] = time.perf_counter() - t_start
     write()
     f = full.num_hidden_layers

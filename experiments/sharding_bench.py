@@ -10,7 +10,10 @@ experts, attention heads, MLP width and vocabulary all split n ways; "expert": o
 experts; "data": the streams). Per (n, budget B, streams S): the engine's verify forward (B+1
 tokens per stream, a DDTree of random drafts, ancestor-only visibility, the drafter's taps) against
 a cache holding --context tokens, jitted under the mesh; median of --reps timed calls after a
-warm-up. Reported: ms per step and verified tokens/s = S*(B+1) / step time. Multi-host: add
+warm-up. Before an n-way point is timed, its logits must match the 1-way run's (same params and
+inputs) within ddtree_jax.parity.SHARDED_TOL (relative error 5e-2 in bfloat16, 1e-3 in float32);
+the 1-way run comes first, untimed when 1 is not in --devices. Reported: ms per step, verified
+tokens/s = S*(B+1) / step time, and that relative error. Multi-host: add
 --coordinator, --num_processes, --process_id (docs/multihost.md).
 """
 
@@ -24,7 +27,7 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import sharding
+from ddtree_jax import parity, sharding
 from ddtree_jax.bench_util import median_seconds
 from ddtree_jax.model import aligned_slots
 
@@ -68,20 +71,34 @@ def main(argv):
     dtype = jnp.dtype(FLAGS.dtype)
     print(f"{FLAGS.preset} on {jax.device_count()} x {jax.devices()[0].device_kind}, "
           f"context {FLAGS.context}, mesh axis {FLAGS.axis!r}")
-    print("| devices | budget | streams | ms / step | verified tokens/s |")
-    print("|---|---|---|---|---|")
-    for n in (int(d) for d in FLAGS.devices):
+    print("| devices | budget | streams | ms / step | verified tokens/s | logits error vs 1 way |")
+    print("|---|---|---|---|---|---|")
+    counts = [int(d) for d in FLAGS.devices]
+    check = any(n != 1 for n in counts)
+    reference = {}   # (budget, streams) -> the 1-way logits, which each n-way run must reproduce
+    for n in ([1] if check or 1 in counts else []) + [n for n in counts if n != 1]:
         shape = tuple(n if a == FLAGS.axis else 1 for a in sharding.AXES)
         mesh = sharding.make_mesh(shape)
         params = dj.init_target(cfg, jax.random.key(0), dtype, mesh=mesh)
+        verify = functools.partial(_verify, cfg=cfg, taps=taps)
         with jax.set_mesh(mesh):
             for budget in (int(b) for b in FLAGS.budgets):
                 for streams in (int(s) for s in FLAGS.streams):
                     args = _inputs(cfg, taps, streams, budget, dtype)
-                    t = median_seconds(functools.partial(_verify, cfg=cfg, taps=taps), params, *args,
-                                       reps=FLAGS.reps)
+                    err = 0.0
+                    if check:   # before timing: the n-way logits against the 1-way run's
+                        logits = np.asarray(verify(params, *args)[0])
+                        if n == 1:
+                            reference[(budget, streams)] = logits
+                        else:
+                            err = parity.check_sharded(
+                                f"{n}-way verify logits (budget {budget}, {streams} streams)",
+                                logits, reference[(budget, streams)], dtype)
+                    if n not in counts:
+                        continue
+                    t = median_seconds(verify, params, *args, reps=FLAGS.reps)
                     print(f"| {n} | {budget} | {streams} | {t * 1e3:.2f} | "
-                          f"{streams * (budget + 1) / t:.0f} |", flush=True)
+                          f"{streams * (budget + 1) / t:.0f} | {err:.2g} |", flush=True)
         del params
 
 

@@ -8,12 +8,16 @@ x temperature, on the shipped target + drafter pair (or a random tiny pair).
 Per point: tau, tokens/s (median of `timing_reps` decodes; `steps_per_call` engine steps per
 dispatch, or between the device loop's checks; `decode_loop` as engine.generate's, "auto": the
 device loop for the speculative methods, the host loop for ar without stop tokens; with
-`requests` > 0, `requests` prompts served through `streams` slots by continuous batching,
-ddtree_jax.serving), speedup over ar at the same streams and temperature (ar at its own
-`ar_steps_per_call` when set: the baseline at its best dispatch setting), the step-time
-breakdown (engine stage times), steps. Each finished point is appended to <out_dir>/results.jsonl
-(flushed and fsynced); a restart with the same config skips the points already there. At the end:
-a summary table on stdout and <out_dir>/sweep_T<temperature>.png per temperature.
+`requests` > 0, `requests` prompts served once through `streams` slots by continuous batching,
+ddtree_jax.serving, which takes timing_reps 1 and decode_loop "auto" only), speedup over ar at the
+same streams and temperature (ar at its own `ar_steps_per_call` when set: the baseline at its best
+dispatch setting), the step-time breakdown (engine stage times), steps. Each finished point is
+appended to <out_dir>/results.jsonl (flushed and fsynced); a restart with the same config on the
+same JAX backend and device kind skips the points already there. At the end: a summary table on
+stdout and <out_dir>/sweep_T<temperature>.png per temperature. At temperature 0 a speculative
+point's tokens must be ar's (ddtree_jax.parity.check_greedy: equal, or apart from a near-tie in the
+target's logits, counted in "greedy_ties") before its numbers are recorded; ar's records keep their
+tokens for that check, in this run and in a resumed one.
 ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
 step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2).
 """
@@ -27,11 +31,12 @@ from absl import app
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import xla_bridge
 from ml_collections import config_flags
 
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
-from ddtree_jax import engine, serving, sweep_io
+from ddtree_jax import engine, parity, serving, sweep_io
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/sweep_default.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "sweep config file")
@@ -57,15 +62,23 @@ def load_pair(cfg):
 
 
 def grid(cfg, pair_id: str) -> list[dict]:
-    """Point parameters in run order: per (temperature, streams) ar first (the speedup baseline)."""
+    """Point parameters in run order: per (temperature, streams) ar first (the speedup baseline).
+    The JAX backend and device kind are parameters too, so a results file from another machine
+    is not resumed from."""
+    loop = cfg.get("decode_loop", "auto")
+    if cfg.requests and (cfg.timing_reps != 1 or loop != "auto"):
+        raise ValueError(f"config.timing_reps={cfg.timing_reps} and config.decode_loop={loop!r} set "
+                         f"how static batches are timed; with config.requests={cfg.requests} "
+                         f"serving.serve decodes once, with its own loop: leave them at 1 and 'auto'")
     points = []
+    device = dict(backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind)
     for temp in cfg.temperatures:
         for s in cfg.streams:
-            base = dict(pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
+            base = dict(device, pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
-                        requests=cfg.requests, decode_loop=cfg.get("decode_loop", "auto"),
+                        requests=cfg.requests, decode_loop=loop,
                         drafter_attn_impl=cfg.get("drafter_attn_impl", "auto"))
             methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
@@ -88,17 +101,21 @@ def _batches(prompts, streams: int, batches: int):
     return [cycled[i * streams:(i + 1) * streams] for i in range(batches)]
 
 
+def _served(prompts, requests: int):
+    return [prompts[i % len(prompts)] for i in range(requests)]
+
+
 def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> dict:
     """Run every prompt batch (static batches), or serve p["requests"] requests through
     p["streams"] slots (continuous batching, `prompts` cycled); tau over all (stream, step) pairs,
-    tokens/s = tokens / decode time."""
+    tokens/s = tokens / decode time; "tokens": the generated ids per batch (served: one batch of
+    every request), per stream."""
     kw = dict(method=p["method"].replace("-auto", ""), budget=budget,
               max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
               top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"],
               drafter_attn_impl=p["drafter_attn_impl"])
     if p["requests"]:
-        r = serving.serve(target, drafter, [prompts[i % len(prompts)] for i in range(p["requests"])],
-                          streams=p["streams"], **kw)
+        r = serving.serve(target, drafter, _served(prompts, p["requests"]), streams=p["streams"], **kw)
         stage = {}   # the breakdown comes from a static batch
         if cfg.stage_reps:
             stage = engine.generate(target, drafter, batches[0], stage_reps=cfg.stage_reps,
@@ -109,13 +126,14 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
                     generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
                     compile_seconds=r.compile_seconds, steps=r.steps, device_steps=r.device_steps,
                     stage_times=stage, request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
-                    request_tokens_per_second=float(per_request.mean()))
-    acc, tokens, decode, compile_s, steps, device_steps, stage = [], 0, 0.0, 0.0, 0, 0, None
+                    request_tokens_per_second=float(per_request.mean()), tokens=[r.tokens])
+    acc, tokens, decode, compile_s, steps, device_steps, stage, ids = [], 0, 0.0, 0.0, 0, 0, None, []
     for batch in batches:
         r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
                             timing_reps=p["timing_reps"], decode_loop=p["decode_loop"], **kw)
         acc += [a for row in r.acceptance_lengths for a in row]
         tokens += sum(len(t) - 1 for t in r.tokens)
+        ids.append(r.tokens)
         decode += r.decode_seconds
         compile_s += r.compile_seconds
         steps += r.steps
@@ -123,11 +141,23 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
         stage = r.stage_times if stage is None else stage
     return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
                 generated=tokens, decode_seconds=decode, compile_seconds=compile_s, steps=steps,
-                device_steps=device_steps, stage_times=stage, loop=r.decode_loop)
+                device_steps=device_steps, stage_times=stage, loop=r.decode_loop, tokens=ids)
 
 
 def _group(p: dict, **changes) -> str:
     return sweep_io.point_key(dict(p, **changes))
+
+
+def check_greedy(target, prompts, batches, p: dict, rec: dict, ar: dict | None) -> int:
+    """A temperature-0 speculative point's tokens against its group's ar point's, batch by batch
+    (parity.check_greedy); -> streams that left ar's tokens at a near-tie."""
+    what = f"{p['method']}{'@' + str(rec['budget']) if rec['budget'] else ''} at {p['streams']} streams"
+    if not ar or "tokens" not in ar:
+        raise ValueError(f"{what}, temperature 0: its tokens are checked against the ar point of its "
+                         f"group, which is not in the results log (grid runs it first)")
+    groups = [_served(prompts, p["requests"])] if p["requests"] else batches
+    return sum(parity.check_greedy(target, g, want, got, f"{what}, batch {b}")
+               for b, (g, want, got) in enumerate(zip(groups, ar["tokens"], rec["tokens"])))
 
 
 def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) -> dict:
@@ -156,9 +186,13 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
                **_generate(target, drafter, prompts, batches, p, budget, cfg))
     rec["budget"] = budget if p["method"].startswith("ddtree") else None
     ar = log.records.get(_group(p, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
+    if p["temperature"] == 0 and p["method"] != "ar":   # lossless, or no numbers
+        rec["greedy_ties"] = check_greedy(target, prompts, batches, p, rec, ar)
+    if p["method"] != "ar" or p["temperature"] != 0:   # ar's temperature-0 records keep them for
+        del rec["tokens"]                              # the later points, this run's or a resumed one's
     base = rec["tokens_per_second"] if p["method"] == "ar" else (ar or {}).get("tokens_per_second")
     rec.update(speedup=rec["tokens_per_second"] / base if base else None,
-               backend=jax.default_backend(), wall_seconds=time.perf_counter() - t0,
+               wall_seconds=time.perf_counter() - t0,
                finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return rec
 
@@ -183,12 +217,22 @@ def run_sweep(cfg) -> list[dict]:
     return records
 
 
+def add_xla_flags(xla_flags: str) -> None:
+    """Append `xla_flags` to XLA_FLAGS, which XLA reads once, when the backend starts; ValueError
+    if it has started already (an import that ran a computation), where they would be ignored."""
+    # private, but present in jax 0.10.2 and 0.11.2
+    if xla_bridge.backends_are_initialized():
+        raise ValueError(f"config.xla_flags={xla_flags!r} cannot apply: the JAX backend started "
+                         "before the sweep could set XLA_FLAGS; set XLA_FLAGS in the environment")
+    os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), xla_flags) if f)
+
+
 def main(argv):
     del argv
     cfg = _CONFIG.value
     t0 = time.perf_counter()
-    if cfg.xla_flags:  # read once, when the first computation starts the backend: that is below
-        os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), cfg.xla_flags) if f)
+    if cfg.xla_flags:
+        add_xla_flags(cfg.xla_flags)
     if cfg.compile_cache:     # identical stages of different points (and reruns) compile once
         jax.config.update("jax_compilation_cache_dir", cfg.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

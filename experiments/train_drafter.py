@@ -12,8 +12,8 @@ the anchor plus its own block; cross-entropy on slots 1..B-1 against the true ne
 exp(-(k-1)/gamma). The drafter uses the target's embedding and lm_head (frozen).
 --config.init_from=dir starts from an exported drafter of the same architecture (fine-tuning;
 the run's own schedule and optimizer state start fresh) instead of random weights. Orbax
-checkpoints under --workdir (resumable), loss.png and summary.json there; --export_dir writes the
-z-lab HF layout (`save_drafter`).
+checkpoints under --workdir (resumable), summary.json there; --export_dir writes the z-lab HF
+layout (`save_drafter`); then loss.png in the work dir (with matplotlib, the [plots] extra).
 """
 
 from __future__ import annotations
@@ -96,8 +96,6 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
     trainer.close()
     total = int(state["total_steps"])
     losses = state["losses"][:total]
-    training.plot_losses(losses, os.path.join(workdir, "loss.png"),
-                         f"drafter: DFlash loss (block {dcfg.block_size}, gamma {c.gamma:g})")
     eval_batch = sample(c.seed + 2, 0)
     _, metrics = jax.jit(training.drafter_loss, static_argnums=(2, 3, 6, 7, 8))(
         state["params"], tparams, dcfg, tcfg, eval_batch, jax.random.key(c.seed + 2),
@@ -113,6 +111,8 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
         json.dump(summary, f, indent=2, default=str)
     if export_dir:
         save_drafter(export_dir, dcfg, training.cast_params(state["params"], c.export_dtype))
+    training.plot_losses(losses, os.path.join(workdir, "loss.png"),
+                         f"drafter: DFlash loss (block {dcfg.block_size}, gamma {c.gamma:g})")
     print(f"drafter: {total} steps, final loss {summary['final_loss']:.4f}, "
           f"tau on data {summary['tau_on_data']:.2f}", flush=True)
     return summary

@@ -4,8 +4,9 @@
       --workdir=runs/target [--export_dir=assets/pair/target] [--config.key=value ...]
 
 The loop checkpoints {params, AdamW state, step, losses} with Orbax under --workdir and a restart
-continues from the latest checkpoint. Writes loss.png and summary.json in the work dir; with
---export_dir, the target in the HF layout (`save_target_hf`) that `load_target` reads.
+continues from the latest checkpoint. Writes summary.json in the work dir; with --export_dir, the
+target in the HF layout (`save_target_hf`) that `load_target` reads; then loss.png in the work dir
+(with matplotlib, the [plots] extra).
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
     trainer.close()
     total = int(state["total_steps"])
     losses = state["losses"][:total]
-    training.plot_losses(losses, os.path.join(workdir, "loss.png"), "target: next-token cross-entropy")
     summary = {"model": cfg.to_hf(), "steps": total, "tokens_per_step": c.batch_size * c.seq_len,
                "final_loss": float(losses[-min(50, total):].mean()), "loop_seconds": time.perf_counter() - t0,
                "device": jax.devices()[0].device_kind, "data": meta, "config": c.to_dict(),
@@ -70,6 +70,7 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
         json.dump(summary, f, indent=2, default=str)
     if export_dir:
         save_target_hf(export_dir, cfg, training.cast_params(state["params"], c.export_dtype))
+    training.plot_losses(losses, os.path.join(workdir, "loss.png"), "target: next-token cross-entropy")
     print(f"target: {total} steps, final loss {summary['final_loss']:.4f}", flush=True)
     return summary
 

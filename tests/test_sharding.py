@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from ddtree_jax import sharding
+from ddtree_jax import parity, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,3 +81,11 @@ def test_sharded_equals_unsharded():
 @pytest.mark.slow
 def test_sharded_generate_data_expert():
     _run_checks("2,4,1:generate")
+
+
+def test_sharded_results_are_checked_at_their_dtypes_tolerance():
+    """sharding_bench and k2_step_bench check n-way logits against the 1-way run's with this."""
+    want = np.random.default_rng(0).normal(size=(2, 5, 64)).astype(np.float32)
+    assert parity.check_sharded("x", want * 1.01, want, "bfloat16") == pytest.approx(1e-2)
+    with pytest.raises(AssertionError, match="2-way logits: relative error 0.01 .* exceeds 0.001"):
+        parity.check_sharded("2-way logits", want * 1.01, want, jnp.float32)

@@ -1,5 +1,6 @@
 """The speculative sweep: crash-safe results log, grid, resume after a kill, the default config."""
 
+import dataclasses
 import glob
 import importlib.util
 import json
@@ -9,9 +10,10 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
-from ddtree_jax import engine, sweep_io
+from ddtree_jax import engine, parity, sweep_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +45,7 @@ def test_results_log_survives_a_torn_line(tmp_path):
         assert [json.loads(line)["budget"] for line in f] == [2, 4, 8]
 
 
-def test_summary_and_plot(tmp_path):
+def test_summary_and_plot(tmp_path, monkeypatch, capsys):
     recs = [_rec(1), _rec(2), dict(_rec(3), method="ar", budget=None, speedup=1.0)]
     table = sweep_io.summary_table(recs)
     assert table.count("\n") == 4 and "| ar |" in table.splitlines()[2]
@@ -51,6 +53,9 @@ def test_summary_and_plot(tmp_path):
     png = tmp_path / "p.png"
     sweep_io.plot_sweep(recs, str(png), 0.0)
     assert png.stat().st_size > 1000
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # no [plots] extra: a note, no error
+    sweep_io.plot_sweep(recs, str(tmp_path / "q.png"), 0.0)
+    assert "q.png not written" in capsys.readouterr().out and not (tmp_path / "q.png").exists()
     served = sweep_io.summary_table(recs[:2] + [dict(_rec(4), requests=8, request_p50_s=0.25,
                                                      request_tokens_per_second=12.5, device_steps=4)])
     lines = served.splitlines()
@@ -123,7 +128,9 @@ def test_auto_point_uses_the_groups_step_times(tmp_path):
     points = sweep.grid(cfg, pair)
     assert [p["method"] for p in points] == ["ar", "ddtree", "ddtree", "ddtree-auto"]
     log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
-    for p, step in zip(points[:3], (1e-3, 2e-3, 2.5e-3)):
+    log.append(dict(sweep.run_point(target, drafter, prompts, points[0], log, cfg),
+                    stage_times={"step": 1e-3}))
+    for p, step in zip(points[1:3], (2e-3, 2.5e-3)):
         log.append(dict(p, key=sweep_io.point_key(p), tokens_per_second=100.0, stage_times={"step": step}))
     rec = sweep.run_point(target, drafter, prompts, points[3], log, cfg)
     assert rec["curve_budgets"] == [2, 4] and rec["curve_seconds"] == [2e-3, 2.5e-3]
@@ -141,9 +148,9 @@ def test_ar_baseline_runs_at_its_own_steps_per_call(tmp_path):
     points = sweep.grid(cfg, pair)
     assert [(p["method"], p["steps_per_call"]) for p in points] == [("ar", 3), ("ddtree", 2)]
     log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
-    log.append(dict(points[0], key=sweep_io.point_key(points[0]), tokens_per_second=1.0))
+    log.append(dict(sweep.run_point(target, drafter, prompts, points[0], log, cfg), tokens_per_second=1.0))
     rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
-    assert rec["speedup"] == pytest.approx(rec["tokens_per_second"])
+    assert rec["speedup"] == pytest.approx(rec["tokens_per_second"]) and rec["greedy_ties"] == 0
     assert rec["loop"] == "device"   # "auto": the speculative methods' decode runs on the device
     assert "| ddtree | 2 | 2 device |" in sweep_io.summary_table([rec])
     assert _load_config("sweep_h200").ar_steps_per_call == 8
@@ -171,10 +178,82 @@ def test_served_point_runs_every_request_through_the_slots(tmp_path):
     points = sweep.grid(cfg, pair)
     assert [(p["method"], p["requests"]) for p in points] == [("ar", 5), ("ddtree", 5)]
     log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    log.append(sweep.run_point(target, drafter, prompts, points[0], log, cfg))
+    assert len(log.records[sweep_io.point_key(points[0])]["tokens"][0]) == 5
     rec = sweep.run_point(target, drafter, prompts, points[1], log, cfg)
     assert rec["generated"] == 5 * 3 and rec["steps"] >= 3 and rec["tau"] >= 1
+    assert rec["greedy_ties"] == 0 and "tokens" not in rec
     assert 0 < rec["request_p50_s"] <= rec["request_p90_s"] <= rec["decode_seconds"]
     assert rec["request_tokens_per_second"] > 0
     static = engine.generate(target, drafter, [prompts[i % len(prompts)] for i in range(5)],
                              method="ddtree", budget=2, max_new_tokens=4, stage_reps=0)
     assert rec["tau"] == pytest.approx(static.tau)
+
+
+def test_xla_flags_need_a_backend_not_yet_started(monkeypatch):
+    """XLA reads XLA_FLAGS once, when the backend starts: config.xla_flags is appended before
+    that, and refused (not silently ignored) after."""
+    from experiments import speculative_sweep as sweep
+    jax.devices()                                     # the backend has started
+    with pytest.raises(ValueError, match="config.xla_flags"):
+        sweep.add_xla_flags("--xla_dump_to=/tmp/x")
+    monkeypatch.setattr(sweep.xla_bridge, "backends_are_initialized", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", "--a=1")
+    sweep.add_xla_flags("--b=2")
+    assert os.environ["XLA_FLAGS"] == "--a=1 --b=2"
+
+
+def test_points_are_keyed_by_backend_and_device_kind(tmp_path):
+    """A results file from another machine is not resumed from: the JAX backend and the device
+    kind are part of every point's key (and record)."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), ""))
+    points = sweep.grid(cfg, "p")
+    assert all(p["backend"] == jax.default_backend() and p["device_kind"] == jax.devices()[0].device_kind
+               for p in points)
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    elsewhere = dict(points[0], backend="gpu", device_kind="NVIDIA H200")
+    log.append(dict(elsewhere, key=sweep_io.point_key(elsewhere), tokens_per_second=1.0))
+    assert sweep_io.point_key(points[0]) not in log
+
+
+def test_served_points_refuse_static_timing_settings(tmp_path):
+    """serving.serve decodes once with its own loop: timing_reps / decode_loop other than 1 /
+    "auto" with requests > 0 are an error, not recorded and ignored."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), "", requests=4))
+    for field, value in (("timing_reps", 3), ("decode_loop", "device")):
+        bad = cfg.copy_and_resolve_references()
+        bad[field] = value
+        with pytest.raises(ValueError, match=f"config.{field}="):
+            sweep.grid(bad, "p")
+    assert [p["timing_reps"] for p in sweep.grid(_load_config("serve_h200"), "p")][:1] == [1]
+
+
+def test_a_point_that_is_not_lossless_is_refused(tmp_path, monkeypatch):
+    """At temperature 0 a speculative point's tokens must be ar's, taken from ar's record (as in a
+    resumed run), before its numbers are recorded: one changed token is an error naming the point,
+    the stream and the position."""
+    from experiments import speculative_sweep as sweep
+    cfg = _load_config("sweep_default")
+    cfg.update(_overrides(str(tmp_path), "", streams=(2,)))
+    target, drafter, prompts, pair = sweep.load_pair(cfg)
+    points = sweep.grid(cfg, pair)
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    log.append(sweep.run_point(target, drafter, prompts, points[0], log, cfg))
+    generate = engine.generate
+
+    def one_token_off(*args, **kw):
+        r = generate(*args, **kw)
+        tokens = [list(t) for t in r.tokens]
+        tokens[1][1] = (tokens[1][1] + 1) % cfg.random_vocab
+        return dataclasses.replace(r, tokens=tokens)
+
+    monkeypatch.setattr(engine, "generate", one_token_off)
+    with pytest.raises(AssertionError, match=r"ddtree@2 at 2 streams, batch 0: stream 1 emits token "
+                                             r"\d+ at position 1 where ar emits"):
+        sweep.run_point(target, drafter, prompts, points[1], sweep_io.ResultsLog(log.path), cfg)
+    monkeypatch.setattr(parity, "TIE_REL", 2.0)       # every difference within a "near-tie"
+    assert sweep.run_point(target, drafter, prompts, points[1], log, cfg)["greedy_ties"] == 1

@@ -1,6 +1,7 @@
 """Training: tokenizer round trip, the batched drafter forward, and both scripts (few steps, resume)."""
 
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -155,11 +156,16 @@ def _small(cfg, tmp_path, **kw):
     return cfg
 
 
-def test_train_target_resumes_and_exports(tmp_path, capsys, compile_cache):
+def test_train_target_resumes_and_exports(tmp_path, capsys, compile_cache, monkeypatch):
     c = _small(train_target_small.get_config(), tmp_path, preset="tiny", steps=1)
     work, export = str(tmp_path / "target"), str(tmp_path / "export")
-    first = train_target.train(c, work)
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "matplotlib", None)      # no [plots] extra: the export still happens
+        first = train_target.train(c, work, export)
     assert first["steps"] == 1 and np.isfinite(first["final_loss"])
+    assert "loss.png not written" in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(work, "loss.png"))
+    assert os.path.isfile(os.path.join(work, "summary.json")) and load_target(export)[0].vocab_size == 2048
     c.steps = 2
     second = train_target.train(c, work, export)
     assert "resumed from" in capsys.readouterr().out and second["steps"] == 2
