@@ -1,7 +1,7 @@
 """Session 23: what the kernel's epilogue costs in device time. Variants of mosaic_gpu.context_attention
 built from its source by replacing the O store line: as is; no O store (lse still written); only the
 first of the four 64-column chunks stored (every product's accumulator still read); stores without
-the 1/l normalisation. Kernel alone, device-busy us per call (profiler trace), at the decode shapes.
+the 1/l normalisation; O written in float32 (no conversion to bf16). Kernel alone, device-busy us per call (profiler trace), at the decode shapes.
   PYTHONPATH=$PWD python3 experiments/results/mla_epilogue_probe_h200_session23.py      (H200)"""
 import functools
 import types
@@ -19,6 +19,11 @@ variants = {"as_is": mosaic_gpu,
             # one 64-column chunk of four: every product's accumulator is still read
             "store_j0": src.replace(old, pad + "if j == 0: " + store),
             "no_normalise": src.replace(old, pad + "out_at[...] = acc[:, j * 64:(j + 1) * 64].astype(o_ref.dtype)"),
+            # O (and split parts) in float32: no conversion of the accumulator to bf16
+            "f32_out": src.replace("jax.ShapeDtypeStruct((num_s, rows, v_dim), q.dtype)",
+                                   "jax.ShapeDtypeStruct((num_s, rows, v_dim), jnp.float32)").replace(
+                                   "jax.ShapeDtypeStruct((splits, num_s, rows, v_dim), q.dtype)",
+                                   "jax.ShapeDtypeStruct((splits, num_s, rows, v_dim), jnp.float32)"),
             }
 for name, v in list(variants.items()):
     if isinstance(v, str):

@@ -29,7 +29,9 @@ S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us 
 at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`. impl="auto"
 takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
 row blocks or more (`choose`). Off a Hopper GPU the
-registered function refuses (`supports`; Mosaic GPU's CPU interpreter does not run this kernel);
+registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the
+GPU load and layout_cast, wgmma with a register or transposed operand, and cluster barriers, so
+it cannot run this kernel: BENCHMARKS.md, issue 5, session 23);
 `context_attention_xla` stands in for the kernel in the CPU tests of the rest.
 """
 
