@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -21,6 +23,14 @@ def runnable_impls(op: str) -> list:
             marks.append(pytest.mark.skip(reason="Pallas Mosaic GPU kernels need a Hopper GPU"))
         out.append(pytest.param(impl, id=impl, marks=marks))
     return out
+
+
+def fresh_rng() -> np.random.Generator:
+    """Fresh random inputs every run: the seed is printed (pytest shows it with a failure) and
+    DDTREE_TEST_SEED=<seed> replays it."""
+    seed = int(os.environ.get("DDTREE_TEST_SEED") or np.random.SeedSequence().entropy % 2**32)
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
 
 
 def rel_err(out, ref) -> float:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.moe.dequant import ASM, ASM_SCALED
+from tests.kernel_testing import fresh_rng
 
 BF16 = ml_dtypes.bfloat16
 M32 = 0xFFFFFFFF
@@ -66,7 +67,7 @@ def run_ptx(src: str, args: list[int]) -> int:
 
 @pytest.mark.parametrize("j", range(8))
 def test_plane_asm_matches_nibbles(j):
-    rng = np.random.default_rng(100 + j)
+    rng = fresh_rng()
     words = rng.integers(-2**31, 2**31, size=(64, 2), dtype=np.int64)
     scales = rng.standard_normal((64, 2)).astype(BF16)
     for (w0, w1), s in zip(words, scales):

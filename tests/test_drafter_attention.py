@@ -11,7 +11,7 @@ from ddtree_jax import drafter as dr
 from pallas_kernels.drafter_attention import drafter_attention
 from pallas_kernels.drafter_attention.pallas_triton import drafter_attention_pallas
 from pallas_kernels.drafter_attention.reference import drafter_attention_reference
-from tests.kernel_testing import assert_close, runnable_impls
+from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
 
 
 def _inputs(rng, bsz, b, h, kvh, hd, n, dtype=np.float32):
@@ -36,7 +36,7 @@ SHAPES = [(2, 16, 4, 1, 64, 100), (3, 5, 8, 2, 16, 37), (1, 16, 4, 4, 32, 64), (
 def test_matches_golden_float32(impl, shape):
     """Cache slots at or past a stream's context length hold NaN (stale slots may hold anything):
     they must not reach the output."""
-    rng = np.random.default_rng(sum(shape))
+    rng = fresh_rng()
     args = _inputs(rng, *shape)
     scale = shape[4] ** -0.5
     stale = np.arange(shape[5])[None, None, :, None] >= args[3][:, None, None, None]
@@ -50,7 +50,7 @@ def test_matches_golden_float32(impl, shape):
 def test_matches_golden_bfloat16(impl):
     """bf16 operands, float32 accumulation and softmax: relative error within 4e-3 (the
     probabilities are rounded to bf16 before P @ V; measured 1.1-1.7e-3 over five seeds)."""
-    rng = np.random.default_rng(7)
+    rng = fresh_rng()
     args = _inputs(rng, 2, 16, 4, 1, 64, 300)
     bf = [jnp.asarray(a, jnp.bfloat16) if a.dtype != np.int32 else jnp.asarray(a) for a in args]
     ref = drafter_attention_reference(*[np.asarray(x, np.float64 if x.dtype == jnp.bfloat16 else x.dtype)
@@ -63,7 +63,7 @@ def test_pallas_splits_write_every_row(block_n, splits):
     """One split or several (partials and the combine), including splits past a stream's
     context, ranges that end mid-tile, and the default; outputs poisoned with NaN before the
     kernel runs, so every row must be written."""
-    rng = np.random.default_rng(3 + block_n)
+    rng = fresh_rng()
     args = _inputs(rng, 4, 5, 8, 2, 16, 37)
     out = drafter_attention_pallas(*map(jnp.asarray, args), scale=0.25, block_n=block_n,
                                    num_splits=splits, poison=True)
@@ -76,7 +76,7 @@ def test_pallas_splits_write_every_row(block_n, splits):
 def test_stacked_cache_reads_its_layer(impl, shape):
     """ctx_k / ctx_v as a stacked [L, B, KV, N, hd] cache with `layer`: layer i's golden (the other
     layers hold different values, so reading the wrong one fails); the Pallas outputs poisoned."""
-    rng = np.random.default_rng(11 + sum(shape))
+    rng = fresh_rng()
     layers = [_inputs(rng, *shape) for _ in range(3)]
     q, _, _, lengths, kb, vb = layers[0]
     ck = np.stack([x[1] for x in layers])
@@ -102,7 +102,7 @@ def test_default_splits():
 
 
 def test_bad_shapes_are_named():
-    rng = np.random.default_rng(0)
+    rng = fresh_rng()
     q, ck, cv, m, kb, vb = map(jnp.asarray, _inputs(rng, 2, 4, 4, 2, 8, 10))
     with pytest.raises(ValueError, match="ctx_k"):
         drafter_attention(q, ck[..., :4], cv, m, kb, vb, scale=1.0)
@@ -135,7 +135,7 @@ def test_draft_block_is_the_same_with_either_implementation():
     cfg = dj.ModelConfig.preset("tiny").replace(vocab_size=64)
     dcfg = dj.DrafterConfig.for_target(cfg, block_size=5, num_hidden_layers=2)
     params = dj.init_drafter(dcfg, jax.random.key(1))
-    rng = np.random.default_rng(2)
+    rng = fresh_rng()
     cache = dr.init_drafter_cache(dcfg, 3, 24, jnp.float32)
     taps = jnp.asarray(rng.standard_normal((3, 9, dr._taps_width(dcfg))), jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(9, dtype=jnp.int32), (3, 9))

@@ -21,7 +21,7 @@ from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, mos
                                           visibility_to_mask, xla)
 from pallas_kernels.mla_attention.reference import (mla_attention_reference,
                                                     visibility_from_mask_reference)
-from tests.kernel_testing import assert_close, runnable_impls
+from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
 
 # bf16: inputs and P rounded to bf16, softmax and sums in float32. Measured 1.7-3.0e-3 here (xla,
 # pallas_triton, the mosaic parts) and 2.1-3.1e-3 for the compiled kernels on the H200.
@@ -43,8 +43,8 @@ def tree_visibility(rng, num_q: int, kind: str) -> np.ndarray:
     return vis
 
 
-def make_case(seed, num_s, num_q, num_h, dk, v_dim, num_slots, ctx, kinds, dtype):
-    rng = np.random.default_rng(seed)
+def make_case(num_s, num_q, num_h, dk, v_dim, num_slots, ctx, kinds, dtype):
+    rng = fresh_rng()
     q = jnp.asarray(rng.standard_normal((num_s, num_q, num_h, dk)), dtype)
     kv = jnp.asarray(rng.standard_normal((num_s, num_slots, dk)), dtype)
     vis = np.stack([tree_visibility(rng, num_q, kinds[s % len(kinds)]) for s in range(num_s)])
@@ -73,7 +73,7 @@ def refused(impl, q, dk, v_dim, call) -> bool:
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_golden(impl, case):
     num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype = CASES[case]
-    q, kv, ctx_lens, node_mask, _ = make_case(hash(case) % 1000, num_s, num_q, num_h, dk, v_dim,
+    q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim,
                                               n, ctx, kinds, dtype)
     scale = dk ** -0.5
     call = lambda: mla_attention(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim, impl=impl)
@@ -91,7 +91,7 @@ def test_heads_first_layout(impl, case):
     """q [S,H,Q,Dk] with heads_first=True gives the [S,H,Q,v] transpose of the golden: rows are
     (head, node) pairs, each node keeping its own mask row."""
     num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype = CASES[case]
-    q, kv, ctx_lens, node_mask, _ = make_case(7 + hash(case) % 100, num_s, num_q, num_h, dk, v_dim,
+    q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim,
                                               n, ctx, kinds, dtype)
     scale = dk ** -0.5
     call = lambda: mla_attention(q.swapaxes(1, 2), kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
@@ -110,7 +110,7 @@ def test_rope_part_given_apart(impl, heads_first):
     """q_rope: the latent part in q and the rope part in q_rope give the golden of their
     concatenation (the model passes them apart so no [.., Dk] query is written)."""
     num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype = CASES["two_words_bf16"]
-    q, kv, ctx_lens, node_mask, _ = make_case(5, num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype)
+    q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim, n, ctx, kinds, dtype)
     lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
     call = lambda: mla_attention(lay(q[..., :v_dim]), kv, ctx_lens, node_mask, scale=0.3, v_dim=v_dim,
                                  impl=impl, heads_first=heads_first, q_rope=lay(q[..., v_dim:]))
@@ -126,7 +126,7 @@ def test_rope_part_given_apart(impl, heads_first):
 
 def test_pallas_rope_apart_poisoned_splits():
     """q_rope through one and several context splits into NaN-poisoned buffers."""
-    q, kv, ctx_lens, node_mask, _ = make_case(13, 2, 21, 3, 24, 16, 120, [90, 0], ["random", "star"],
+    q, kv, ctx_lens, node_mask, _ = make_case(2, 21, 3, 24, 16, 120, [90, 0], ["random", "star"],
                                               jnp.float32)
     for cfg in (pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=3),
                 pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=1)):
@@ -151,7 +151,7 @@ def test_rope_part_bad_shapes():
 
 def test_pallas_heads_first_poisoned_splits():
     """heads_first through several context splits (the XLA combine) into NaN-poisoned buffers."""
-    q, kv, ctx_lens, node_mask, _ = make_case(11, 2, 37, 3, 24, 16, 120, [83, 5], ["bushy", "chain"],
+    q, kv, ctx_lens, node_mask, _ = make_case(2, 37, 3, 24, 16, 120, [83, 5], ["bushy", "chain"],
                                               jnp.float32)
     cfg = pallas_triton.BlockConfig(block_m=16, block_n=16, num_warps=4, num_splits=3)
     out = pallas_triton.mla_attention_pallas(q.swapaxes(1, 2), kv, ctx_lens, node_mask, scale=0.2,
@@ -177,7 +177,7 @@ def test_heads_first_bad_shape():
 ], ids=["one_split", "three_splits"])
 def test_pallas_poisoned_blocks_and_splits(config):
     """Rows (Q*H = 30) and contexts not multiples of the blocks; NaN-filled outputs must be overwritten."""
-    q, kv, ctx_lens, node_mask, vis = make_case(7, 3, 10, 3, 40, 32, 90, [0, 41, 80],
+    q, kv, ctx_lens, node_mask, vis = make_case(3, 10, 3, 40, 32, 90, [0, 41, 80],
                                                 ["chain", "random", "star"], jnp.float32)
     vis[0, 4] = False                                   # ctx 0 and no visible token: zero row
     node_mask = visibility_to_mask(vis)
@@ -191,7 +191,7 @@ def test_pallas_poisoned_blocks_and_splits(config):
 def test_xla_many_chunks_under_jit(monkeypatch):
     """Force 16-slot chunks (last one overlapping) and trace ctx_lens, as the model does."""
     monkeypatch.setattr(xla, "_SCORE_ELEMS", 1)
-    q, kv, ctx_lens, node_mask, _ = make_case(3, 2, 6, 2, 24, 16, 53, [47, 30], ["bushy"], jnp.float32)
+    q, kv, ctx_lens, node_mask, _ = make_case(2, 6, 2, 24, 16, 53, [47, 30], ["bushy"], jnp.float32)
     fn = jax.jit(lambda *a: mla_attention(*a, scale=0.3, v_dim=16, impl="xla"))
     out = fn(q, kv, ctx_lens, node_mask)
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.3, v_dim=16)
@@ -200,7 +200,7 @@ def test_xla_many_chunks_under_jit(monkeypatch):
 
 @pytest.mark.parametrize("num_q", [1, 32, 70])
 def test_mask_round_trip(num_q):
-    vis = np.random.default_rng(num_q).random((2, num_q, num_q)) < 0.5
+    vis = fresh_rng().random((2, num_q, num_q)) < 0.5
     node_mask = visibility_to_mask(vis)
     assert node_mask.shape == (2, num_q, -(-num_q // 32)) and node_mask.dtype == jnp.int32
     np.testing.assert_array_equal(visibility_from_mask_reference(np.asarray(node_mask), num_q), vis)
@@ -216,7 +216,7 @@ def test_mask_bit_layout():
 
 
 def _bad(**kw):
-    q, kv, ctx_lens, node_mask, _ = make_case(0, 2, 3, 2, 24, 16, 10, [4, 7], ["chain"], jnp.float32)
+    q, kv, ctx_lens, node_mask, _ = make_case(2, 3, 2, 24, 16, 10, [4, 7], ["chain"], jnp.float32)
     args = dict(q=q, kv=kv, ctx_lens=ctx_lens, node_mask=node_mask, scale=0.1, v_dim=16) | kw
     return args
 
@@ -247,7 +247,7 @@ def test_pallas_rejects_non_pow2_split():
 @pytest.mark.parametrize("num_splits", [1, None])
 def test_pallas_k2_layout_two_words(num_splits):
     """Kimi-K2 widths (Dk 512 + 64), Q = 37 (two mask words), bf16, ctx 0 and off-block, poisoned."""
-    q, kv, ctx_lens, node_mask, _ = make_case(5, 2, 37, 2, 576, 512, 120, [0, 70], ["bushy", "star"],
+    q, kv, ctx_lens, node_mask, _ = make_case(2, 37, 2, 576, 512, 120, [0, 70], ["bushy", "star"],
                                               jnp.bfloat16)
     config = pallas_triton.BlockConfig(block_m=32, block_n=32, num_splits=num_splits)
     out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
@@ -278,7 +278,7 @@ TWO_PASS_SMALL = [two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2),     # 
 def test_two_pass_poisoned(config, num_q):
     """Ragged ctx incl. 0 and off the tiles, Q spanning 1-3 mask words (1-3 tree tiles), a row that
     sees nothing; NaN-poisoned P, m, l and output; both layouts and the rope part given apart."""
-    q, kv, ctx_lens, node_mask, vis = make_case(20 + num_q, 3, num_q, 3, 40, 32, 200, [0, 41, 200 - num_q],
+    q, kv, ctx_lens, node_mask, vis = make_case(3, num_q, 3, 40, 32, 200, [0, 41, 200 - num_q],
                                                 ["bushy", "random", "chain"], jnp.float32)
     vis[0, num_q // 2] = False          # stream 0 has no context: this row sees nothing
     node_mask = visibility_to_mask(vis)
@@ -295,7 +295,7 @@ def test_two_pass_poisoned(config, num_q):
 def test_two_pass_k2_widths_bf16():
     """Kimi-K2 widths (Dk 512 + 64, the rope part inside the one Dk loop), the default tiles, bf16,
     Q = 37, ctx 0 and off the tiles, poisoned."""
-    q, kv, ctx_lens, node_mask, _ = make_case(8, 2, 37, 2, 576, 512, 300, [0, 170], ["bushy", "star"],
+    q, kv, ctx_lens, node_mask, _ = make_case(2, 37, 2, 576, 512, 300, [0, 170], ["bushy", "star"],
                                               jnp.bfloat16)
     out = pallas_triton.mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
                                              config=two_pass.TwoPassConfig(), poison=True)
@@ -311,7 +311,7 @@ def test_two_pass_k2_widths_bf16():
 def test_two_pass_context_splits_and_stream_groups(monkeypatch):
     """P @ V split over the context (float32 partials added) and streams run in groups (a P budget
     of one stream): both equal the golden, poisoned."""
-    q, kv, ctx_lens, node_mask, _ = make_case(9, 3, 12, 2, 40, 32, 400, [388, 0, 77], ["bushy", "chain", "star"],
+    q, kv, ctx_lens, node_mask, _ = make_case(3, 12, 2, 40, 32, 400, [388, 0, 77], ["bushy", "chain", "star"],
                                               jnp.float32)
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32)
     cfg = TWO_PASS_SMALL[0]
@@ -339,7 +339,7 @@ def test_select_config_picks_two_pass_for_k2_shapes():
     assert pallas_triton.select_config(64, 32769, 512, 8) == wide
     assert isinstance(pallas_triton.select_config(65 * 4, 2048, 64), pallas_triton.BlockConfig)     # small pair
     assert isinstance(pallas_triton.select_config(1024, 500, 512), pallas_triton.BlockConfig)
-    q, kv, ctx_lens, node_mask, _ = make_case(10, 1, 32, 8, 576, 512, 1100, [1060], ["bushy"], jnp.bfloat16)
+    q, kv, ctx_lens, node_mask, _ = make_case(1, 32, 8, 576, 512, 1100, [1060], ["bushy"], jnp.bfloat16)
     out = mla_attention(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512, impl="pallas_triton")
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
     assert_close(out, ref, TOL[jnp.bfloat16], "pallas_triton auto (two-pass)")
@@ -353,7 +353,7 @@ def test_two_pass_config_parse_and_checks():
     for bad in ("tp128x64x4x3", "tp128x64x4x3-64x256x32x8x2be"):      # the b / e options became the default
         with pytest.raises(ValueError, match="tpMxNxWxS-MxVxKxWxS"):
             pallas_triton.parse_config(bad)
-    q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 2, 24, 16, 40, [10], ["chain"], jnp.float32)
+    q, kv, ctx_lens, node_mask, _ = make_case(1, 3, 2, 24, 16, 40, [10], ["chain"], jnp.float32)
     for bad, match in [(dict(score_n=16), "score_n must be >= 32"), (dict(score_m=48), "score_m must be a power"),
                        (dict(score_n=32, pv_k=64), "pv_k=64 must divide score_n=32")]:
         with pytest.raises(ValueError, match=match):
@@ -361,7 +361,7 @@ def test_two_pass_config_parse_and_checks():
                                                config=dataclasses.replace(two_pass.TwoPassConfig(), **bad))
 
 
-GPU_CASES = [  # (seed, S, Q, H, N, ctx, config): K2 widths (Dk 512 + 64), bf16
+GPU_CASES = [  # (id, S, Q, H, N, ctx, config): K2 widths (Dk 512 + 64), bf16
     (1, 3, 1, 64, 9000, [8999, 0, 4097], None),                                   # decode: one-pass, splits
     (7, 16, 1, 64, 9000, [8999, 0, 4097] + [8000] * 13, None),                    # decode: 64-row tiles
     (2, 2, 37, 8, 3000, [2000, 0], pallas_triton.BlockConfig()),
@@ -373,22 +373,22 @@ GPU_CASES = [  # (seed, S, Q, H, N, ctx, config): K2 widths (Dk 512 + 64), bf16
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="compiled kernels at K2 sizes: GPU only")
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"seed{c[0]}")
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"case{c[0]}")
 def test_gpu_k2_shapes(case):
     """Both paths compiled (not interpreted) at K2 widths and real context lengths, both layouts,
     NaN-poisoned, against the float64 golden (H200, 2026-12-01: rel err 1.2e-4 to 2.6e-3)."""
-    seed, num_s, num_q, num_h, n, ctx, config = case
-    q, kv, ctx_lens, node_mask, _ = make_case(seed, num_s, num_q, num_h, 576, 512, n, ctx, ["bushy", "chain"],
+    cid, num_s, num_q, num_h, n, ctx, config = case
+    q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, 576, 512, n, ctx, ["bushy", "chain"],
                                               jnp.bfloat16)
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
     for heads_first in (False, True):
         lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
         out = pallas_triton.mla_attention_pallas(lay(q), kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512,
                                                  config=config, poison=True, heads_first=heads_first)
-        assert_close(lay(out), ref, TOL[jnp.bfloat16], f"seed {seed} heads_first={heads_first}")
+        assert_close(lay(out), ref, TOL[jnp.bfloat16], f"case {cid} heads_first={heads_first}")
 
 
-MOSAIC_CASES = [  # (seed, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): around the 128-key pairs
+MOSAIC_CASES = [  # (id, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): around the 128-key pairs
     (21, 3, 5, 4, 64, 32, 300, [0, 127, 128], False, False),
     (22, 2, 37, 3, 64, 32, 429, [256, 389], True, False),      # two mask words, N % 8 != 0
     (23, 4, 1, 8, 64, 32, 260, [255, 129, 0, 1], False, True),
@@ -396,15 +396,15 @@ MOSAIC_CASES = [  # (seed, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart):
 ]
 
 
-@pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"seed{c[0]}")
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"case{c[0]}")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("splits", [None, 3])
 def test_mosaic_parts_around_the_kernel(case, dtype, splits):
     """mosaic_gpu's XLA work around the kernel (`prepare`: query rows and the tail's mask words),
     with the kernel replaced by its XLA twin: equals the golden; splits=3: each stream's pairs
     split into 3 runs (some empty) merged by combine_splits."""
-    seed, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
-    q, kv, ctx_lens, node_mask, _ = make_case(seed, num_s, num_q, num_h, dk, v_dim, n, ctx,
+    cid, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
+    q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim, n, ctx,
                                               ["bushy", "chain", "star"], dtype)
     lay = (lambda a: a.swapaxes(1, 2)) if heads_first else (lambda a: a)
     kw = dict(q_rope=lay(q[..., v_dim:])) if apart else {}
@@ -414,7 +414,7 @@ def test_mosaic_parts_around_the_kernel(case, dtype, splits):
                                           splits=splits, **kw)
     assert out.dtype == dtype
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim)
-    assert_close(lay(out), ref, TOL[dtype], f"mosaic parts seed {seed}")
+    assert_close(lay(out), ref, TOL[dtype], f"mosaic parts case {cid}")
 
 
 @pytest.mark.parametrize("hopper,shape,slots,dtype,want", [
@@ -464,12 +464,12 @@ def test_mosaic_supported_says_why():
 
 @pytest.mark.skipif(mosaic_gpu.is_hopper(), reason="checks the refusal off a Hopper GPU")
 def test_mosaic_refuses_without_gpu():
-    q, kv, ctx_lens, node_mask, _ = make_case(0, 1, 3, 64, 576, 512, 140, [130], ["chain"], jnp.bfloat16)
+    q, kv, ctx_lens, node_mask, _ = make_case(1, 3, 64, 576, 512, 140, [130], ["chain"], jnp.bfloat16)
     with pytest.raises(ValueError, match="needs a Hopper GPU"):
         mla_attention(q, kv, ctx_lens, node_mask, scale=0.1, v_dim=512, impl="mosaic_gpu")
 
 
-MOSAIC_GPU_CASES = [  # (seed, S, Q, H, N, ctx): K2 widths, bf16
+MOSAIC_GPU_CASES = [  # (id, S, Q, H, N, ctx): K2 widths, bf16
     (31, 2, 37, 64, 3000, [2000, 0]),            # 37 row blocks: no cluster; a stream with no pairs
     (32, 3, 16, 64, 8300, [8192, 130, 127]),     # clusters of two; N % 8 != 0 (padded copy)
     (33, 1, 4, 64, 9010, [8999]),
@@ -479,12 +479,12 @@ MOSAIC_GPU_CASES = [  # (seed, S, Q, H, N, ctx): K2 widths, bf16
 
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
-@pytest.mark.parametrize("case", MOSAIC_GPU_CASES, ids=lambda c: f"seed{c[0]}")
+@pytest.mark.parametrize("case", MOSAIC_GPU_CASES, ids=lambda c: f"case{c[0]}")
 def test_gpu_mosaic_k2_shapes(case):
     """The compiled Mosaic GPU kernel at K2 widths and real contexts, both layouts and the rope part
     apart, against the float64 golden."""
-    seed, num_s, num_q, num_h, n, ctx = case
-    q, kv, ctx_lens, node_mask, _ = make_case(seed, num_s, num_q, num_h, 576, 512, n, ctx, ["bushy", "chain"],
+    cid, num_s, num_q, num_h, n, ctx = case
+    q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, 576, 512, n, ctx, ["bushy", "chain"],
                                               jnp.bfloat16)
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
     for heads_first, apart in ((False, False), (True, False), (False, True)):
@@ -492,7 +492,7 @@ def test_gpu_mosaic_k2_shapes(case):
         kw = dict(q_rope=lay(q[..., 512:])) if apart else {}
         out = mla_attention(lay(q[..., :512]) if apart else lay(q), kv, ctx_lens, node_mask, scale=576 ** -0.5,
                             v_dim=512, impl="mosaic_gpu", heads_first=heads_first, **kw)
-        assert_close(lay(out), ref, TOL[jnp.bfloat16], f"seed {seed} heads_first={heads_first} apart={apart}")
+        assert_close(lay(out), ref, TOL[jnp.bfloat16], f"case {cid} heads_first={heads_first} apart={apart}")
 
 
 def random_tail_bits(rng, pairs, num_words: int, rows: int, num_slots: int, empty) -> np.ndarray:
@@ -518,7 +518,7 @@ def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits):
     -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
     stale NaN); splits > 1: each run's part (some runs empty), then merged."""
     pairs, tail_pairs = jnp.asarray(counts, jnp.int32), jnp.asarray(tails, jnp.int32)
-    rng = np.random.default_rng(rows + splits)
+    rng = fresh_rng()
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
     empty = np.zeros((4, rows), bool)
@@ -544,7 +544,7 @@ def test_mosaic_context_twin_matches_its_contract(splits):
     """context_attention_xla (what the GPU test holds the kernel to) against a float64 loop over
     context_attention's contract: every key below 128 pairs, then tail key 128 pairs + t where
     its bit is set; runs of ceil((pairs + tail_pairs) / splits) pairs."""
-    rng = np.random.default_rng(5)
+    rng = fresh_rng()
     counts, tails, rows, n = [0, 1, 2], [1, 2, 0], 8, 300
     empty = np.zeros((3, rows), bool)
     empty[0, 1] = True                                    # stream 0 row 1: no key at all

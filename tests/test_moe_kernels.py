@@ -16,16 +16,9 @@ import pytest
 from pallas_kernels import moe
 from pallas_kernels.moe import int4
 from pallas_kernels.moe.reference import dequantize_int4_golden, moe_experts_golden
-from tests.kernel_testing import assert_close, runnable_impls
+from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 6e-3}
-
-
-def _rng():
-    """Fresh inputs every run; the seed is printed so a failure can be replayed."""
-    seed = np.random.SeedSequence().entropy % 2**32
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
 
 
 def _int4_experts(rng, e, d, i):
@@ -67,7 +60,7 @@ CASES = [
                          f"{'int4' if c[6] else 'bf16w'}-{jnp.dtype(c[7]).name}")
 def test_moe_experts_matches_golden(impl, case):
     t, k, e, d, i, kind, is_int4, dtype = case
-    rng = _rng()
+    rng = fresh_rng()
     experts, (g, u, dn) = (_int4_experts if is_int4 else _bf16_experts)(rng, e, d, i)
     ids, w = _routing(rng, kind, t, k, e)
     x = jnp.asarray(rng.standard_normal((t, d)), dtype)
@@ -83,7 +76,7 @@ def test_dequantize_matches_golden_and_format():
     scale = jnp.asarray([[2.0]], jnp.bfloat16)
     got = np.asarray(moe.dequantize_int4(jnp.asarray(word), scale))
     np.testing.assert_array_equal(got[0, :8], 2.0 * np.arange(7, -1, -1))
-    rng = _rng()
+    rng = fresh_rng()
     packed = jnp.asarray(rng.integers(-2**31, 2**31, (3, 5, 8), dtype=np.int64).astype(np.int32))
     sc = jnp.asarray(rng.random((3, 5, 2)), jnp.bfloat16)
     np.testing.assert_array_equal(np.asarray(moe.dequantize_int4(packed, sc)),
@@ -91,7 +84,7 @@ def test_dequantize_matches_golden_and_format():
 
 
 def test_quantize_error_bounded():
-    rng = _rng()
+    rng = fresh_rng()
     w = rng.standard_normal((4, 7, 64)).astype(np.float32)
     packed, scale = moe.quantize_int4(w)
     assert packed.shape == (4, 7, 8) and packed.dtype == jnp.int32 and scale.dtype == jnp.bfloat16
@@ -102,7 +95,7 @@ def test_quantize_error_bounded():
 
 @pytest.mark.parametrize("d,i", [(96, 64), (256, 32)])
 def test_int4_kernel_layout_roundtrip(d, i):
-    rng = _rng()
+    rng = fresh_rng()
     e = 3
     hf = {}
     for name, shape in (("gate", (e, i, d)), ("up", (e, i, d)), ("down", (e, d, i))):
@@ -126,7 +119,7 @@ def test_int4_kernel_layout_roundtrip(d, i):
 
 
 def test_bf16_experts_roundtrip():
-    rng = _rng()
+    rng = fresh_rng()
     ws = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in ((4, 8, 16), (4, 8, 16), (4, 16, 8))]
     experts = moe.prepare_experts_bf16(*ws)
     assert moe.dims(experts) == (4, 16, 8, False)
@@ -138,7 +131,7 @@ def test_bf16_experts_roundtrip():
 @pytest.mark.parametrize("t,k,e,bm", [(1, 8, 384, 16), (37, 4, 6, 8), (64, 2, 3, 16),
                                       (600, 8, 384, 16)])
 def test_align_routing_invariants(t, k, e, bm):
-    rng = _rng()
+    rng = fresh_rng()
     ids = rng.integers(0, e, (t, k)).astype(np.int32)
     r = jax.jit(moe.align_routing, static_argnums=(1, 2))(jnp.asarray(ids), e, bm)
     row_slot, block_expert, slot_row = (np.asarray(a) for a in r)
@@ -169,7 +162,7 @@ def test_align_routing_count_equals_sort(monkeypatch, t, k, e, bm):
     """The counted and the sorted place-in-run give the same Routing, array for array."""
     from pallas_kernels.moe import align
 
-    ids = jnp.asarray(_rng().integers(0, e, (t, k)).astype(np.int32))
+    ids = jnp.asarray(fresh_rng().integers(0, e, (t, k)).astype(np.int32))
     counted = align.align_routing(ids, e, bm)
     monkeypatch.setattr(align, "COUNT_MAX_SLOTS", 0)
     for a, b in zip(counted, align.align_routing(ids, e, bm)):
@@ -177,7 +170,7 @@ def test_align_routing_count_equals_sort(monkeypatch, t, k, e, bm):
 
 
 def test_bad_inputs_raise():
-    rng = _rng()
+    rng = fresh_rng()
     experts, _ = _int4_experts(rng, 4, 64, 32)
     x = jnp.zeros((3, 64), jnp.bfloat16)
     ids = jnp.zeros((3, 2), jnp.int32)
@@ -207,7 +200,7 @@ def test_pallas_kernels_write_every_used_row():
     from pallas_kernels.moe import pallas_triton as pt
     from pallas_kernels.moe.tuning import MoEConfig
 
-    rng = _rng()
+    rng = fresh_rng()
     e, d, i, t, k = 5, 96, 64, 6, 2
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
     ids, w = _routing(rng, "uneven", t, k, e)
@@ -257,7 +250,7 @@ def test_pallas_variants_match_golden(variant):
     cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits", **VARIANTS[variant])
     cases = [CASES[0]] + ([CASES[3], CASES[2]] if variant == "all" else [])
     for t, k, e, d, i, kind, is_int4, dtype in cases:
-        rng = _rng()
+        rng = fresh_rng()
         experts, (g, u, dn) = (_int4_experts if is_int4 else _bf16_experts)(rng, e, d, i)
         ids, w = _routing(rng, kind, t, k, e)
         x = jnp.asarray(rng.standard_normal((t, d)), dtype)
@@ -266,7 +259,7 @@ def test_pallas_variants_match_golden(variant):
         ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
         assert_close(out, ref, TOL[dtype], f"{variant} T{t} {kind} {jnp.dtype(dtype).name}")
 
-    rng = _rng()
+    rng = fresh_rng()
     e, d, i, t, k = 4, 288, 64, 9, 2
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
     ids, w = _routing(rng, "one_expert", t, k, e)

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import topk as topk_op
 from pallas_kernels.topk.reference import logsumexp_ref, topk_ref
-from tests.kernel_testing import runnable_impls
+from tests.kernel_testing import fresh_rng, runnable_impls
 
 
 def _draw(rng, kind, R, V):
@@ -36,7 +36,7 @@ CASES = [(3, 37, 5, "normal"), (3, 37, 5, "zeros"), (3, 37, 5, "zero_ties"), (3,
 @pytest.mark.parametrize("impl", runnable_impls("topk"))
 @pytest.mark.parametrize("R,V,k,kind", CASES)
 def test_topk_matches_golden(impl, R, V, k, kind):
-    x = _draw(np.random.default_rng(R * V + k), kind, R, V)
+    x = _draw(fresh_rng(), kind, R, V)
     values, indices, lse = topk_op.topk_logsumexp(jnp.asarray(x), k, impl=impl)
     want_v, want_i = topk_ref(x, k)
     np.testing.assert_array_equal(np.asarray(indices), want_i)
@@ -52,7 +52,7 @@ def test_topk_matches_golden(impl, R, V, k, kind):
 def test_half_precision_input_is_read_exactly(impl, dtype, kind):
     """bf16/f16 x: values and order are those of x's own values (exact in float32), lse too;
     "ints" ties at the k-th value, "zeros" mixes -0.0, 0.0 and -inf."""
-    x = jnp.asarray(_draw(np.random.default_rng(5), kind, 3, 37), dtype)
+    x = jnp.asarray(_draw(fresh_rng(), kind, 3, 37), dtype)
     x32 = np.asarray(x.astype(jnp.float32))
     values, indices, lse = topk_op.topk_logsumexp(x, 5, impl=impl)
     want_v, want_i = topk_ref(x32, 5)
@@ -82,7 +82,7 @@ def test_shifted_keys_keep_order_and_distinctness(dtype):
     from pallas_kernels.topk.pallas_triton import key_shift, keys
 
     info = jnp.finfo(dtype)
-    rng = np.random.default_rng(11)
+    rng = fresh_rng()
     special = np.array([0.0, -0.0, np.inf, -np.inf, float(info.max), -float(info.max),
                         float(info.tiny), -float(info.tiny), float(info.smallest_subnormal),
                         -float(info.smallest_subnormal), 1.0, -1.0])
@@ -152,7 +152,7 @@ def test_select_configs_are_exact(cfg, kind):
     list in two tiles."""
     from pallas_kernels.topk.pallas_triton import SelectConfig, _topk
 
-    x = _draw(np.random.default_rng(len(kind)), kind, 2, 300)
+    x = _draw(fresh_rng(), kind, 2, 300)
     values, indices, lse = _topk(jnp.asarray(x), 20, True, SelectConfig(*cfg))
     want_v, want_i = topk_ref(x, 20)
     np.testing.assert_array_equal(np.asarray(indices), want_i)
@@ -169,7 +169,7 @@ def test_small_vocabulary_sizes_are_picked_and_exact():
     assert select_config(15, 2048, 64) == SelectConfig(group_cap=1, elem_cap=2)
     assert select_config(240, 2048, 64) == SelectConfig(group_cap=1)
     for rows, kind in ((15, "ints"), (80, "normal")):
-        x = _draw(np.random.default_rng(rows), kind, rows, 2048)
+        x = _draw(fresh_rng(), kind, rows, 2048)
         values, indices, lse = _topk(jnp.asarray(x), 64, True)
         want_v, want_i = topk_ref(x, 64)
         np.testing.assert_array_equal(np.asarray(indices), want_i)

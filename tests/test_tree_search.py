@@ -24,6 +24,7 @@ from pallas_kernels import registry
 from pallas_kernels.topk import pallas_triton as topk_pt
 from pallas_kernels.topk.reference import topk_ref
 from pallas_kernels.tree_search import pallas_triton as search_pt
+from tests.kernel_testing import fresh_rng
 
 FIELDS = ("tokens", "depths", "parents", "visibility", "node_mask", "scores")
 
@@ -50,7 +51,7 @@ CASES = [(2, 4, 16, 20, "ints", True), (1, 1, 3, 10, "ints", False), (2, 3, 5, 1
 @pytest.mark.parametrize("S,L,V,budget,kind,with_lse", CASES)
 def test_pallas_tree_search_matches_heap_golden(S, L, V, budget, kind, with_lse):
     """(The "xla" implementation is build_tree's CPU path: tests/test_tree.py covers it.)"""
-    rng = np.random.default_rng(S * L * V + budget)
+    rng = fresh_rng()
     logp = _logp(rng, kind, S, L, V)
     K = min(budget, V)
     vals, tok = topk_ref(logp.reshape(S * L, V), K)
