@@ -25,7 +25,7 @@ from ddtree_jax import sharding
 from ddtree_jax.config import ModelConfig
 from ddtree_jax.model import init_target
 from ddtree_jax.safetensors_io import (FLOAT_DTYPES, INT_DTYPES, CheckpointError, TensorReader,
-                                       write_tensors)
+                                       listing, write_tensors)
 from pallas_kernels import moe
 
 __all__ = ["CheckpointError", "load_target", "save_target_hf", "save_checkpoint",
@@ -152,12 +152,6 @@ def _is_ignored(name: str, cfg: ModelConfig, nextn: int) -> bool:
     return m is not None and cfg.num_hidden_layers <= int(m.group(1)) < cfg.num_hidden_layers + nextn
 
 
-def _listing(names) -> str:
-    names = sorted(names)
-    more = f" ... and {len(names) - 8} more" if len(names) > 8 else ""
-    return ", ".join(names[:8]) + more
-
-
 def _check_names(reader: TensorReader, cfg: ModelConfig, specs: dict, prefix: str, nextn: int) -> None:
     present = reader.names
     ours = {n[len(prefix):] for n in present if n.startswith(prefix)}
@@ -168,9 +162,9 @@ def _check_names(reader: TensorReader, cfg: ModelConfig, specs: dict, prefix: st
         missing.discard(prefix + "lm_head.weight")
     problems = []
     if missing:
-        problems.append(f"missing tensor(s): {_listing(missing)}")
+        problems.append(f"missing tensor(s): {listing(missing)}")
     if extra:
-        problems.append(f"unexpected tensor(s): {_listing(extra)}")
+        problems.append(f"unexpected tensor(s): {listing(extra)}")
     if not problems:
         return
     if cfg.quant.format == "int4" and any(n.endswith("_proj.weight") and ".experts." in n for n in extra):
@@ -282,8 +276,8 @@ def check_params(cfg: ModelConfig, params) -> None:
         raise CheckpointError("params: no embed_tokens/embedding leaf")
     want, got = _expected_leaves(cfg, np.dtype(emb.dtype)), _leaves(params)
     if want.keys() != got.keys():
-        raise CheckpointError(f"params: missing leaves {_listing(want.keys() - got.keys())}; "
-                              f"unexpected leaves {_listing(got.keys() - want.keys())}")
+        raise CheckpointError(f"params: missing leaves {listing(want.keys() - got.keys())}; "
+                              f"unexpected leaves {listing(got.keys() - want.keys())}")
     for k, (shape, dt) in want.items():
         if got[k] != (shape, dt):
             raise CheckpointError(f"params{k}: {got[k][1]} {list(got[k][0])}, expected {dt} {list(shape)}")

@@ -18,16 +18,14 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from ddtree_jax.config import DrafterConfig
+from ddtree_jax.safetensors_io import FLOAT_DTYPES, CheckpointError, TensorReader, listing, write_tensors
 
-_FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 
-
-class DrafterCheckpointError(ValueError):
-    """A drafter checkpoint's tensors are missing, unexpected, or of the wrong shape or dtype."""
+class DrafterCheckpointError(CheckpointError):
+    """A drafter checkpoint's files or tensors are missing, unexpected, or of the wrong shape or
+    dtype (a CheckpointError, hence also a ValueError)."""
 
 
 def hf_layout(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
@@ -50,29 +48,6 @@ def hf_layout(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], tuple[int,
     return out
 
 
-def _tensor_files(path: str) -> dict[str, str]:
-    """Tensor name -> safetensors file under the checkpoint directory `path`."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
-        files = {name: os.path.join(path, fname) for name, fname in weight_map.items()}
-        absent = sorted({f for f in files.values() if not os.path.isfile(f)})
-        if absent:
-            raise DrafterCheckpointError(f"shard(s) listed in {index} not found: {absent}")
-        return files
-    single = os.path.join(path, "model.safetensors")
-    if not os.path.isfile(single):
-        raise DrafterCheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
-    with safe_open(single, framework="numpy") as f:
-        return {name: single for name in f.keys()}
-
-
-def _list(names) -> str:
-    names = sorted(names)
-    return ", ".join(names[:8]) + (f" ... ({len(names)} in all)" if len(names) > 8 else "")
-
-
 def load_drafter(path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> tuple[DrafterConfig, dict]:
     """Read a z-lab DFlash checkpoint directory -> (DrafterConfig, params in `dtype`).
 
@@ -83,35 +58,30 @@ def load_drafter(path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> tuple[Dr
     path = os.fspath(path)
     cfg = DrafterConfig.from_hf(path)
     layout = hf_layout(cfg)
-    files = _tensor_files(path)
-    missing, extra = set(layout) - set(files), set(files) - set(layout)
-    if missing or extra:
-        raise DrafterCheckpointError(
-            f"drafter checkpoint {path} does not match its config.json:"
-            + (f" missing tensor(s): {_list(missing)};" if missing else "")
-            + (f" unexpected tensor(s): {_list(extra)};" if extra else ""))
-    by_file: dict[str, list[str]] = {}
-    for name, fname in files.items():
-        by_file.setdefault(fname, []).append(name)
-    problems = []
-    for fname, names in by_file.items():
-        with safe_open(fname, framework="numpy") as f:
-            for name in names:
-                sl = f.get_slice(name)
-                shape, kind = tuple(sl.get_shape()), sl.get_dtype()
-                if shape != layout[name][1]:
-                    problems.append(f"{name}: shape {list(shape)}, expected {list(layout[name][1])}")
-                if kind not in _FLOAT_DTYPES:
-                    problems.append(f"{name}: dtype {kind}, expected one of {_FLOAT_DTYPES}")
-    if problems:
-        raise DrafterCheckpointError(f"drafter checkpoint {path}: " + "; ".join(problems))
-    flat = {}
-    for fname, names in by_file.items():
-        with safe_open(fname, framework="numpy") as f:
-            for name in names:
-                key = layout[name][0]
-                arr = f.get_tensor(name)
-                flat[key] = jnp.asarray(arr.T if key[-1] == "kernel" else arr, dtype)
+    try:
+        reader = TensorReader(path)
+    except CheckpointError as e:  # missing files, an index without weight_map or naming the wrong shard
+        raise DrafterCheckpointError(f"drafter checkpoint {path}: {e}") from e
+    with reader:
+        missing, extra = set(layout) - reader.names, reader.names - set(layout)
+        if missing or extra:
+            raise DrafterCheckpointError(
+                f"drafter checkpoint {path} does not match its config.json:"
+                + (f" missing tensor(s): {listing(missing)};" if missing else "")
+                + (f" unexpected tensor(s): {listing(extra)};" if extra else ""))
+        problems = []
+        for name, (_, want) in layout.items():
+            shape, kind = reader.shape(name), reader.dtype(name)
+            if shape != want:
+                problems.append(f"{name}: shape {list(shape)}, expected {list(want)}")
+            if kind not in FLOAT_DTYPES:
+                problems.append(f"{name}: dtype {kind}, expected one of {FLOAT_DTYPES}")
+        if problems:
+            raise DrafterCheckpointError(f"drafter checkpoint {path}: " + "; ".join(problems))
+        flat = {}
+        for name, (key, _) in layout.items():
+            arr = reader.get(name)
+            flat[key] = jnp.asarray(arr.T if key[-1] == "kernel" else arr, dtype)
     return cfg, traverse_util.unflatten_dict(flat)
 
 
@@ -125,8 +95,8 @@ def save_drafter(path: str | os.PathLike, cfg: DrafterConfig, params: dict) -> N
     if missing or extra:
         raise DrafterCheckpointError(
             "params do not match the drafter config:"
-            + (f" missing {_list('/'.join(k) for k in missing)};" if missing else "")
-            + (f" unexpected {_list('/'.join(k) for k in extra)};" if extra else ""))
+            + (f" missing {listing('/'.join(k) for k in missing)};" if missing else "")
+            + (f" unexpected {listing('/'.join(k) for k in extra)};" if extra else ""))
     tensors = {}
     for key, leaf in flat.items():
         name, shape = by_key[key]
@@ -136,9 +106,9 @@ def save_drafter(path: str | os.PathLike, cfg: DrafterConfig, params: dict) -> N
             raise DrafterCheckpointError(
                 f"param {'/'.join(key)} has shape {list(np.shape(leaf))}, expected "
                 f"{list(shape[::-1] if key[-1] == 'kernel' else shape)}")
-        tensors[name] = np.ascontiguousarray(arr)
+        tensors[name] = arr
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg.to_hf(), f, indent=2)
-    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    write_tensors(path, tensors.items())

@@ -27,6 +27,13 @@ class CheckpointError(ValueError):
     """A checkpoint's files or tensors do not match what the configuration requires."""
 
 
+def listing(names) -> str:
+    """Sorted names for an error message: the first 8, then how many more."""
+    names = sorted(names)
+    more = f" ... and {len(names) - 8} more" if len(names) > 8 else ""
+    return ", ".join(names[:8]) + more
+
+
 class TensorReader:
     """Name -> tensor access over a safetensors directory; use as a context manager."""
 

@@ -219,6 +219,25 @@ def test_load_rejects_bad_tensors(tmp_path, edit, pattern):
         load_drafter(tmp_path, jnp.float32)
 
 
+def _shard(path, tensors):
+    """Write `tensors` as a.safetensors (even-indexed names) and b.safetensors (the rest);
+    returns the correct weight_map."""
+    names = sorted(tensors)
+    shards = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, os.path.join(path, shard))
+    return {k: shard for shard, keys in shards.items() for k in keys}
+
+
+def _sharded_checkpoint(path):
+    save_drafter(path, GQA, random_params())
+    fname = os.path.join(path, "model.safetensors")
+    with safe_open(fname, framework="numpy") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    os.remove(fname)
+    return _shard(path, tensors)
+
+
 def test_load_sharded_and_missing_files(tmp_path):
     cfg = GQA
     params = random_params(cfg, 7)
@@ -229,15 +248,28 @@ def test_load_sharded_and_missing_files(tmp_path):
     os.remove(fname)
     with pytest.raises(DrafterCheckpointError, match="no model.safetensors"):
         load_drafter(tmp_path)
-    names = sorted(tensors)
-    shards = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
-    for shard, keys in shards.items():
-        save_file({k: tensors[k] for k in keys}, os.path.join(tmp_path, shard))
-    weight_map = {k: shard for shard, keys in shards.items() for k in keys}
+    weight_map = _shard(tmp_path, tensors)
     json.dump({"weight_map": weight_map}, open(tmp_path / "model.safetensors.index.json", "w"))
     _, params2 = load_drafter(tmp_path, jnp.float32)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_load_rejects_index_naming_the_wrong_shard(tmp_path):
+    weight_map = _sharded_checkpoint(tmp_path)
+    weight_map["norm.weight"] = "b.safetensors" if weight_map["norm.weight"] == "a.safetensors" \
+        else "a.safetensors"
+    json.dump({"weight_map": weight_map}, open(tmp_path / "model.safetensors.index.json", "w"))
+    wrong = weight_map["norm.weight"].replace(".", r"\.")
+    with pytest.raises(DrafterCheckpointError, match=rf"'norm\.weight'.*under {wrong} but not in it"):
+        load_drafter(tmp_path, jnp.float32)
+
+
+def test_load_rejects_index_without_weight_map(tmp_path):
+    _sharded_checkpoint(tmp_path)
+    json.dump({"metadata": {"total_size": 0}}, open(tmp_path / "model.safetensors.index.json", "w"))
+    with pytest.raises(DrafterCheckpointError, match=r"model\.safetensors\.index\.json: no 'weight_map'"):
+        load_drafter(tmp_path, jnp.float32)
 
 
 def test_save_rejects_mismatched_params(tmp_path):
