@@ -85,11 +85,11 @@ def measure_step_times(target, drafter, prompts: Sequence[Sequence[int]], budget
     times = []
     for b in budgets:
         su, state = _state(target, drafter, prompts, int(b), temperature, max_new_tokens, seed)
-        state, _ = jax.block_until_ready(engine._step(target[1], drafter[1], state, su.plan,
-                                                      steps_per_call))
+        state, _ = jax.block_until_ready(engine.decode_steps(target[1], drafter[1], state, su.plan,
+                                                             steps_per_call))
         t0 = time.perf_counter()
         for _ in range(reps):
-            state, _ = engine._step(target[1], drafter[1], state, su.plan, steps_per_call)
+            state, _ = engine.decode_steps(target[1], drafter[1], state, su.plan, steps_per_call)
         jax.block_until_ready(state)
         times.append((time.perf_counter() - t0) / (reps * steps_per_call))
     return StepTimeCurve(tuple(int(b) for b in budgets), tuple(times))
@@ -109,7 +109,7 @@ def draft_expectation(target, drafter, prompts: Sequence[Sequence[int]], max_bud
         if not active.any():
             break
         curves.append(expected_acceptance(np.asarray(tree_of(state)))[active])
-        state, _ = engine._step(target[1], drafter[1], state, su.plan)
+        state, _ = engine.decode_steps(target[1], drafter[1], state, su.plan)
     return np.concatenate(curves).mean(axis=0)
 
 

@@ -253,11 +253,19 @@ def tokens_left(state: EngineState) -> jnp.ndarray:
     return jnp.where(state.done, 0, state.max_new - state.out_len).astype(jnp.int32)
 
 
-_step = jax.jit(_step_and_flag, static_argnames=("plan", "steps"), donate_argnames=("state",))
+# The jitted function keeps its traced name (HLO op metadata, profiles: "jit(_step_and_flag)/...").
+decode_steps = jax.jit(_step_and_flag, static_argnames=("plan", "steps"), donate_argnames=("state",))
+decode_steps.__doc__ = """decode_steps(tparams, dparams, state, plan, steps=1)
+    -> (state, left [S] int32): the host loop's call (`decode`; `compile_decode` compiles it for
+"host"): `steps` speculative steps for all S streams, jitted, `state` (an EngineState, `prefill`'s
+or `initial_state`'s) donated, plan and steps static. left: tokens each stream has still to emit,
+0 once it is done, a buffer of its own that the host can read after the state has been donated to
+the next call. `steps` > 1 runs them in a fixed-count device loop (no host round trip between them,
+one dispatch for all); steps after a stream is done leave it unchanged."""
 
 
 def _decode_on_device(tparams, dparams, state: EngineState, plan: Plan, steps: int, max_iters: int):
-    """A whole decode as one call -> the final state: `steps`-step loops (as `_step`)
+    """A whole decode as one call -> the final state: `steps`-step loops (as `decode_steps`)
     repeated while some stream has tokens left, at most `max_iters` times. The device checks the
     counts itself every `steps` steps, so there is one dispatch per decode and at most `steps` - 1
     steps run after the last stream is done; each check is a data-dependent loop condition, which
@@ -310,14 +318,21 @@ def _prefill_state(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, 
 
 
 _PREFILL_STATIC = ("plan", "max_len", "max_out", "max_steps")
-_prefill = jax.jit(_prefill_state, static_argnames=_PREFILL_STATIC)
+initial_state = jax.jit(_prefill_state, static_argnames=_PREFILL_STATIC)
+initial_state.__doc__ = """initial_state(tparams, dparams, tokens [S, P] int32, lengths [S] int32,
+    max_new [S] int32, key, plan, max_len, max_out, max_steps) -> EngineState: the decode's starting
+state, jitted (plan and the sizes static): the zero-padded prompts `tokens` (true lengths `lengths`)
+through the target, the drafter's context appended (not for ar), each stream's first token chosen
+with `key`; the target cache has `max_len` slots per stream, out_tokens [S, max_out], accept
+[S, max_steps]. `prefill` calls it with a Setup's arrays and key(seed); call it directly for other
+arrays, sizes or keys, or inside another jitted function (serving's admission)."""
 
 
 @functools.partial(jax.jit, static_argnames=_PREFILL_STATIC, donate_argnames=("buffers",),
                    keep_unused=True)
 def _prefill_into(buffers: EngineState, tparams, dparams, tokens, lengths, max_new, key, plan: Plan,
                   max_len: int, max_out: int, max_steps: int) -> EngineState:
-    """`_prefill` with its state written into `buffers` (donated, same shapes and layout)."""
+    """`initial_state` with its state written into `buffers` (donated, same shapes and layout)."""
     del buffers   # only donated: XLA writes the outputs into them
     return _prefill_state(tparams, dparams, tokens, lengths, max_new, key, plan, max_len, max_out,
                           max_steps)
@@ -403,7 +418,8 @@ def _stop_tokens(stop_tokens) -> tuple[int, ...]:
 
 def prefill(target, drafter, su: Setup, seed: int = 0,
             into: CompiledDecode | None = None) -> EngineState:
-    """The prompts through the target (and the drafter's context); each stream's first token.
+    """The prompts through the target (and the drafter's context); each stream's first token:
+    `initial_state` on the Setup's arrays with key(seed) -> EngineState.
     into: a CompiledDecode for this setup that has run: the state is written into the buffers its
     last call returned (which are consumed), so its next call runs as recorded with no `load`."""
     dparams = drafter[1] if su.plan.dcfg is not None else None
@@ -412,7 +428,7 @@ def prefill(target, drafter, su: Setup, seed: int = 0,
             su.max_steps)
     buffers = into.buffers() if into is not None else None
     if buffers is None:
-        return _prefill(*args)
+        return initial_state(*args)
     return _prefill_into(buffers, *args)
 
 
@@ -493,8 +509,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
 
 def decode_loop_for(plan: Plan, decode_loop: str = "auto") -> str:
     """The decode loop a generate call runs: "host" (the host dispatches `steps_per_call`-step
-    calls of `_step`: `decode`) or "device" (one call of `_decode_on_device` runs the whole decode,
-    checking every `steps_per_call` steps whether a stream has tokens left). "auto": "host" for ar
+    calls of `decode_steps`: `decode`) or "device" (one call of `_decode_on_device` runs the whole
+    decode, checking every `steps_per_call` steps whether a stream has tokens left). "auto": "host" for ar
     without stop tokens, whose step count is known before it starts (the host dispatches exactly
     those calls and reads nothing), "device" otherwise. On an H200 one read of a device array costs
     the host ~0.2 ms, more than half an ar step (BENCHMARKS.md, session 11)."""
@@ -601,7 +617,7 @@ def compile_decode(tparams, dparams, state: EngineState, su: Setup, steps_per_ca
                                     -(-su.max_steps // steps_per_call))
         return CompiledDecode(lowered.compile(
             compiler_options=DEVICE_LOOP_GRAPHS if device_graphs else None))
-    return CompiledDecode(_step.lower(tparams, dparams, state, su.plan, steps_per_call).compile())
+    return CompiledDecode(decode_steps.lower(tparams, dparams, state, su.plan, steps_per_call).compile())
 
 
 def run_decode(call, tparams, dparams, state: EngineState, su: Setup, steps_per_call: int,
@@ -622,7 +638,7 @@ def run_decode(call, tparams, dparams, state: EngineState, su: Setup, steps_per_
 def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: int = 3,
            steps_per_call: int = 1, pace: bool = True, left0: np.ndarray | None = None,
            known_steps: int | None = None) -> EngineState:
-    """The host loop: call `step` (a compiled `_step` of `steps_per_call` steps) until every
+    """The host loop: call `step` (a compiled `decode_steps` of `steps_per_call` steps) until every
     stream is done or `max_calls` calls.
 
     Each call's `left` counts start their copy to the host when the call is dispatched; the host
@@ -716,7 +732,7 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,
         jit(stage_verify, ("state",)), lambda: (tparams, copy_tree(state), tree))
     times["accept"], _ = timed(jit(stage_accept, ("state", "cache")), lambda: (
         dparams, copy_tree(state), tree, vlogits, copy_tree(cache), taps, tokens))
-    per_call, _ = timed(functools.partial(_step, steps=steps_per_call),
+    per_call, _ = timed(functools.partial(decode_steps, steps=steps_per_call),
                         lambda: (tparams, dparams, copy_tree(state)))
     times["step"] = per_call / steps_per_call
     return times

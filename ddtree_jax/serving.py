@@ -46,8 +46,8 @@ def _admit(tparams, dparams, state: EngineState, slots, reqs, prompts, lengths, 
     """Prefill requests `reqs` [A] (rows of prompts [N, P], lengths [N], max_new [N]) together,
     into stream slots `slots` [A] of `state`; a slot >= S (padding to a compiled size) is dropped."""
     key, sub = jax.random.split(state.key)
-    new = engine._prefill(tparams, dparams, prompts[reqs], lengths[reqs], max_new[reqs], sub, plan,
-                          max_len, max_out, max_steps)
+    new = engine.initial_state(tparams, dparams, prompts[reqs], lengths[reqs], max_new[reqs], sub,
+                               plan, max_len, max_out, max_steps)
     kv = tuple(_put(b, n, slots, 0) for b, n in zip(state.tcache.kv, new.tcache.kv))
     tcache = state.tcache.replace(kv=kv, lengths=_put(state.tcache.lengths, new.tcache.lengths, slots, 0))
     dcache = state.dcache
@@ -111,13 +111,13 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     lengths_dev, max_new_dev = jnp.asarray(su.lengths), jnp.asarray(su.max_new)
 
     t0 = time.perf_counter()
-    state = engine._prefill(tparams, dparams, prompts_dev[:s], lengths_dev[:s], max_new_dev[:s],
-                            jax.random.key(seed), **static)
+    state = engine.initial_state(tparams, dparams, prompts_dev[:s], lengths_dev[:s],
+                                 max_new_dev[:s], jax.random.key(seed), **static)
     jax.block_until_ready(state)
     prefill_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    step = engine._step.lower(tparams, dparams, state, plan, steps_per_call).compile()
+    step = engine.decode_steps.lower(tparams, dparams, state, plan, steps_per_call).compile()
     admit, pad = {}, np.int32(s)       # one executable per admission size; pad: a dropped slot
     for a in batch_sizes(s):
         idx = np.zeros(a, np.int32)

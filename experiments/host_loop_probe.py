@@ -60,7 +60,7 @@ def run_point(target, drafter, prompt, method: str, budget: int, n: int, ks: lis
                       max_new_tokens=max_new_tokens)
     tp, dp = target[1], drafter[1] if su.plan.dcfg is not None else None
     pre = engine.prefill(target, drafter, su)
-    comp = {k: engine._step.lower(tp, dp, pre, su.plan, k).compile() for k in {n, *ks}}
+    comp = {k: engine.decode_steps.lower(tp, dp, pre, su.plan, k).compile() for k in {n, *ks}}
     for c in comp.values():
         jax.block_until_ready(c(tp, dp, engine.copy_tree(pre)))   # warm-up
 

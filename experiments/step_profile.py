@@ -67,7 +67,7 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
                       drafter_attn_impl=_DRAFTER_ATTN.value)
     dparams = drafter[1] if su.plan.dcfg is not None else None
     state = engine.prefill(target, drafter, su)
-    step = engine._step.lower(target[1], dparams, state, su.plan).compile()
+    step = engine.decode_steps.lower(target[1], dparams, state, su.plan).compile()
     scopes = bench_util.hlo_kernel_scopes(step.as_text())
     walls = {}
     for loop in LOOPS:

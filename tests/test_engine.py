@@ -241,7 +241,7 @@ def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
     su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=8, max_new_tokens=12)
     state = engine.prefill(target, drafter, su)
     for _ in range(3):
-        state, _ = engine._step(tp, dp, state, su.plan)
+        state, _ = engine.decode_steps(tp, dp, state, su.plan)
     lengths = np.asarray(state.tcache.lengths)
     out_len = np.asarray(state.out_len)
     committed = [su.prompts[s, :su.lengths[s]].tolist() + np.asarray(state.out_tokens[s, :out_len[s] - 1]).tolist()
@@ -500,6 +500,6 @@ def test_compiled_step_names_its_stages(pair32):
     target, drafter = pair32
     su = engine.setup(target, drafter, [[1, 2, 3]], method="ddtree", budget=4, max_new_tokens=4)
     state = engine.prefill(target, drafter, su)
-    hlo = engine._step.lower(target[1], drafter[1], state, su.plan).compile().as_text()
+    hlo = engine.decode_steps.lower(target[1], drafter[1], state, su.plan).compile().as_text()
     stages = {s.split("/")[0] for s in bench_util.hlo_kernel_scopes(hlo).values()}
     assert set(bench_util.STAGES) <= stages, stages

@@ -25,8 +25,8 @@ for method in ("ddtree", "ar"):
     calls = dict(
         identity=ident.lower(tp, dp, pre).compile(),
         device_loop_1=engine._decode_all.lower(tp, dp, pre, su.plan, 1, 1).compile(),
-        step_1=engine._step.lower(tp, dp, pre, su.plan, 1).compile(),
-        step_2=engine._step.lower(tp, dp, pre, su.plan, 2).compile())
+        step_1=engine.decode_steps.lower(tp, dp, pre, su.plan, 1).compile(),
+        step_2=engine.decode_steps.lower(tp, dp, pre, su.plan, 2).compile())
     r = {}
     for name, fn in calls.items():
         jax.block_until_ready(fn(tp, dp, copy(pre)))

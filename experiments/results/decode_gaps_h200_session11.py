@@ -22,8 +22,8 @@ for pi in (0, 1):
     maxc = -(-su.max_steps // k)
     dev = engine._decode_all.lower(tp, dp, pre, su.plan, k, maxc).compile()
     st, _ = dev(tp, dp, copy(pre)); n = int(st.step)
-    fixed = engine._step.lower(tp, dp, pre, su.plan, n).compile()
-    one = engine._step.lower(tp, dp, pre, su.plan, 1).compile()
+    fixed = engine.decode_steps.lower(tp, dp, pre, su.plan, n).compile()
+    one = engine.decode_steps.lower(tp, dp, pre, su.plan, 1).compile()
     jax.block_until_ready(fixed(tp, dp, copy(pre)))
     def t_call(fn, reps=15):
         ws, ds = [], []

@@ -37,7 +37,7 @@ for name in names:
     if loop == "device":
         low = engine._decode_all.lower(tp, dp, pre[0], su.plan, k, -(-su.max_steps // k))
     else:
-        low = engine._step.lower(tp, dp, pre[0], su.plan, k)
+        low = engine.decode_steps.lower(tp, dp, pre[0], su.plan, k)
     call = low.compile(compiler_options=opts) if opts else low.compile()
     jax.block_until_ready(call(tp, dp, copy(pre[0])))
     print(tag, name, "compiled + warm", round(time.perf_counter() - t0, 1), "s", flush=True)

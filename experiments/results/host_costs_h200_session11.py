@@ -49,7 +49,7 @@ for method, budget, ks in (("ddtree", 64, (2, 3, 4)), ("ar", 0, (8,))):
     for k in ks:
         maxc = -(-sus[0].max_steps // k)
         dev = engine._decode_all.lower(tp, dp, pres[0], plan, k, maxc).compile()
-        step = engine._step.lower(tp, dp, pres[0], plan, k).compile()
+        step = engine.decode_steps.lower(tp, dp, pres[0], plan, k).compile()
         nsteps = [int(dev(tp, dp, copy(p))[0].step) for p in pres]
         jax.block_until_ready(step(tp, dp, copy(pres[0])))
         def v_dev_call(s, i):

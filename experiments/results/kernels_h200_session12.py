@@ -14,7 +14,7 @@ res = {}
 for s in (1, 16):
     su = engine.setup(target, drafter, prompts[:s] if s <= 20 else prompts, method="ddtree", budget=64, max_new_tokens=20 * 17 + 8)
     st = engine.prefill(target, drafter, su)
-    step = engine._step.lower(target[1], drafter[1], st, su.plan, 1).compile()
+    step = engine.decode_steps.lower(target[1], drafter[1], st, su.plan, 1).compile()
     hlo = step.as_text()
     open(os.path.join(out, f"step_S{s}.hlo.txt"), "w").write(hlo)
     scopes = bench_util.hlo_kernel_scopes(hlo)

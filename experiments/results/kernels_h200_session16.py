@@ -17,7 +17,7 @@ for method in ("ddtree", "ar"):
     su = engine.setup(target, drafter, [prompts[0]], method=method, budget=64, max_new_tokens=128)
     dp = drafter[1] if method != "ar" else None
     st = engine.prefill(target, drafter, su)
-    step = engine._step.lower(target[1], dp, st, su.plan, 1).compile()
+    step = engine.decode_steps.lower(target[1], dp, st, su.plan, 1).compile()
     hlo = step.as_text()
     open(os.path.join(out, f"step_{method}.hlo.txt"), "w").write(hlo)
     scopes = bench_util.hlo_kernel_scopes(hlo)

@@ -1,6 +1,6 @@
 """Session-10 probe, kept as it ran on the H200 (results: left_probe_h200_session10.json; run from
 the repo root with PYTHONPATH=.). Does the step's fresh `left` output cost host dispatch (CUDA-graph updates)?
-A: engine._step (state, left). B: a step returning only the donated state (every output aliased)
+A: engine.decode_steps (state, left). B: a step returning only the donated state (every output aliased)
 plus a separate tiny jitted tokens_left(state). Same decode loop (engine.decode, paced, lag 1)."""
 import functools, json, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -22,7 +22,7 @@ sus = [engine.setup(target, drafter, [p], method="ddtree", budget=budget, max_ne
 plan, tp, dp = sus[0].plan, target[1], drafter[1]
 pre = [engine.prefill(target, drafter, s) for s in sus]
 
-step_a = engine._step.lower(tp, dp, pre[0], plan, k).compile()
+step_a = engine.decode_steps.lower(tp, dp, pre[0], plan, k).compile()
 only = jax.jit(lambda t, d, s: jax.lax.fori_loop(0, k, lambda _, x: engine.speculative_step(t, d, x, plan), s),
                donate_argnums=(2,))
 step_b0 = only.lower(tp, dp, pre[0]).compile()

@@ -8,7 +8,7 @@ As kept, ddtree@64's device loop (k=2) is compiled with engine.DEVICE_LOOP_GRAPH
 with XLA's defaults ("xla"), and ar's host loop (k=8) with the defaults
 (overhead_h200_session16_graph_options.json). The first run of this probe (before the engine
 change; tags default and graphs_all, the latter under XLA_FLAGS=GRAPHS_ALL;
-overhead_h200_session16_unroll_*.json) compared instead engine._decode_all / engine._step ("fori":
+overhead_h200_session16_unroll_*.json) compared instead engine._decode_all / engine.decode_steps ("fori":
 a fori_loop of k steps) with the k steps written out in the loop body ("unroll")."""
 import functools, json, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -61,7 +61,7 @@ for method, k in (("ddtree", 2), ("ar", 8)):
         calls = {"graphs": engine.compile_decode(tp, dp, pre[0], su, k, "device"),
                  "xla": engine.compile_decode(tp, dp, pre[0], su, k, "device", device_graphs=False)}
     else:
-        calls = {"xla": engine._step.lower(tp, dp, pre[0], su.plan, k).compile()}
+        calls = {"xla": engine.decode_steps.lower(tp, dp, pre[0], su.plan, k).compile()}
     print(tag, method, "compile s", round(time.perf_counter() - t0, 1), flush=True)
     for c in calls.values():
         jax.block_until_ready(c(tp, dp, copy(pre[0])))

@@ -25,7 +25,7 @@ for method, k in (("ddtree", 2), ("ar", 8)):
     tp, dp = target[1], drafter[1] if method != "ar" else None
     args = (tp, dp, jnp.asarray(su.prompts), jnp.asarray(su.lengths), jnp.asarray(su.max_new), jax.random.key(0))
     statics = dict(plan=su.plan, max_len=su.max_len, max_out=su.max_out, max_steps=su.max_steps)
-    pre_into = jax.jit(lambda old, *a: engine._prefill(*a, **statics), donate_argnums=0)
+    pre_into = jax.jit(lambda old, *a: engine.initial_state(*a, **statics), donate_argnums=0)
     pre = engine.prefill(target, drafter, su)
     fn = engine.compile_decode(tp, dp, pre, su, k, "device")
     info = {}

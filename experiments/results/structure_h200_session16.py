@@ -42,14 +42,16 @@ for method in ("ddtree", "ar"):
     mi = lambda k: -(-su.max_steps // k)
     structs = {}
     for k in ((1, 2, 4) if method == "ddtree" else (1, 8)):
-        structs[f"host k={k} fori"] = ("host", k, engine._step.lower(tp, dp, pre, su.plan, k).compile())
+        structs[f"host k={k} fori"] = ("host", k,
+                                       engine.decode_steps.lower(tp, dp, pre, su.plan, k).compile())
         if k > 1 and method == "ddtree":
             structs[f"host k={k} unrolled"] = ("host", k, u_step.lower(tp, dp, pre, su.plan, k).compile())
     if method == "ddtree":
         for k in (1, 2, 4):
             structs[f"device k={k} fori"] = ("device", k, engine._decode_all.lower(tp, dp, pre, su.plan, k, mi(k)).compile())
         structs["device k=2 unrolled"] = ("device", 2, u_dev.lower(tp, dp, pre, su.plan, 2, mi(2)).compile())
-        structs["one call, 24-step fori"] = ("host", n, engine._step.lower(tp, dp, pre, su.plan, n).compile())
+        structs["one call, 24-step fori"] = ("host", n,
+                                             engine.decode_steps.lower(tp, dp, pre, su.plan, n).compile())
     for name, (kind, k, fn) in structs.items():
         jax.block_until_ready(fn(tp, dp, copy(pre)))
         walls, firsts, steps = [], [], 0
