@@ -2,9 +2,9 @@
 and Pallas:Triton lowering of every build_tree kernel (no GPU needed: catches lowering errors).
 
 Pallas kernels run in interpret mode here, whose outputs start poisoned (NaN for floats, INT_MIN
-for ints), so an element a kernel fails to write cannot match the golden; bool outputs start False,
-so of `visibility` only the entries the golden sets are covered that way (the kernel writes it from
-`node_mask`, which is poisoned). Log-probs are multiples
+for ints); the assemble kernel's are also handed poisoned buffers (`poison=True`: True for the bool
+visibility, which interpret mode would start False), so an element a kernel fails to write cannot
+match the golden. Log-probs are multiples
 of 1/8, so float32 path sums are exact and must equal the float64 golden bit for bit.
 """
 
@@ -23,7 +23,7 @@ from ddtree_jax.reference import tree_ref as R
 from pallas_kernels import registry
 from pallas_kernels.topk import pallas_triton as topk_pt
 from pallas_kernels.topk.reference import topk_ref
-from pallas_kernels.tree_search import pallas_triton as search_pt
+from pallas_kernels.tree_search import num_real_nodes, pallas_triton as search_pt
 from tests.kernel_testing import fresh_rng
 
 FIELDS = ("tokens", "depths", "parents", "visibility", "node_mask", "scores")
@@ -57,9 +57,9 @@ def test_pallas_tree_search_matches_heap_golden(S, L, V, budget, kind, with_lse)
     vals, tok = topk_ref(logp.reshape(S * L, V), K)
     vals, tok = vals.reshape(S, L, K), tok.reshape(S, L, K)
     lse = np.round(rng.normal(size=(S, L)) * 8).astype(np.float32) / 8 if with_lse else None
-    fields = registry.get("tree_search", "pallas_triton")(
-        jnp.asarray(vals if lse is None else vals + lse[..., None]), jnp.asarray(tok),
-        None if lse is None else jnp.asarray(lse), budget)  # vals + lse - lse is exact
+    state = search_pt.search(jnp.asarray(vals if lse is None else vals + lse[..., None]), jnp.asarray(tok),
+                             None if lse is None else jnp.asarray(lse), budget)  # vals + lse - lse is exact
+    fields = search_pt.assemble(*state, num_nodes=num_real_nodes(L, K, budget), poison=True)
     gold = R.search_ref(logp, budget)
     for f in FIELDS:
         np.testing.assert_array_equal(np.asarray(fields[f]), gold[f], err_msg=f)

@@ -232,10 +232,19 @@ def _assemble_kernel(osc_ref, oid_ref, lrank_ref, lpar_ref, node_ref, ktok_ref, 
                 ((wv >> (col & 31)[None, :]) & 1) == 1, mask=v_ok)
 
 
-@functools.partial(jax.jit, static_argnames=("num_nodes",))
-def assemble(scores, ids, list_ranks, list_parents, node_of, tok, *, num_nodes: int) -> dict:
+def _poisoned(dtype, shape):
+    """An output buffer no kernel result can match: NaN, INT_MIN, or True for bool."""
+    if dtype == jnp.bool_:
+        return jnp.ones(shape, dtype)
+    return jnp.full(shape, jnp.nan if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("num_nodes", "poison"))
+def assemble(scores, ids, list_ranks, list_parents, node_of, tok, *, num_nodes: int,
+             poison: bool = False) -> dict:
     """`search`'s outputs -> the tree fields (see `pallas_kernels.tree_search`), num_nodes [S]
-    (the static count of real nodes) among them."""
+    (the static count of real nodes) among them. poison=True hands the kernel output buffers
+    (aliased) that no written value can match, so unwritten elements show (tests)."""
     S, B = scores.shape
     N = B + 1
     i32 = jnp.int32
@@ -243,11 +252,16 @@ def assemble(scores, ids, list_ranks, list_parents, node_of, tok, *, num_nodes: 
               ((S, N, -(-N // 32)), i32), ((S, B), jnp.float32), ((S,), i32)]
     interpret = interpret_mode()
     rows = max(1, min(32, ASSEMBLE_ENTRIES // pow2_at_least(N)))
+    kernel = functools.partial(_assemble_kernel, rows=rows, num_nodes=num_nodes, interpret=interpret)
+    ins = [scores, ids, list_ranks, list_parents, node_of, tok]
+    if poison:      # the poisoned buffers arrive after the inputs; the kernel writes their aliases
+        ins += [_poisoned(d, s) for s, d in shapes]
+        kernel = functools.partial(lambda k, *refs: k(*refs[:6], *refs[6 + len(shapes):]), kernel)
     out = pl.pallas_call(
-        functools.partial(_assemble_kernel, rows=rows, num_nodes=num_nodes, interpret=interpret),
-        out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes),
+        kernel, out_shape=tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes),
+        input_output_aliases={6 + i: i for i in range(len(shapes))} if poison else {},
         grid=(S, -(-N // rows)), interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-    )(scores, ids, list_ranks, list_parents, node_of, tok)
+    )(*ins)
     return dict(zip(("tokens", "depths", "parents", "visibility", "node_mask", "scores",
                      "num_nodes"), out))
