@@ -44,6 +44,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
 flags.DEFINE_list("splits", ["1"], "runs each stream's context is split into (context_attention(splits=)); "
                   "above 1 the time includes combine_splits")
+flags.DEFINE_list("epilogues", ["tma"], "how the consumers write O (context_attention(epilogue=)): tma, registers")
 flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
 flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")
 flags.DEFINE_bool("lower_only", False, "lower the kernel for CUDA and stop (runs on a CPU)")
@@ -144,7 +145,7 @@ def main(_):
     if ceilings:
         print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     rows = []
-    for shape, splits in itertools.product(FLAGS.shapes, map(int, FLAGS.splits)):
+    for shape, splits, epilogue in itertools.product(FLAGS.shapes, map(int, FLAGS.splits), FLAGS.epilogues):
         ctx, num_q, num_s = map(int, shape.split(":"))
         # The kernel's operands as mla_attention_mosaic prepares them: bushy trees, the cache
         # allocated as engine.setup allocates it (model.aligned_slots(ctx + Q)).
@@ -155,9 +156,9 @@ def main(_):
         r, r_pad = num_q * heads, q.shape[1]
         cluster = mosaic_gpu.cluster_size(r_pad)
 
-        def run(*args, cluster=cluster, splits=splits, profile_dir=""):
+        def run(*args, cluster=cluster, splits=splits, epilogue=epilogue, profile_dir=""):
             o, lse = mosaic_gpu.context_attention(*args, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits,
-                                                  profile_dir=profile_dir)
+                                                  profile_dir=profile_dir, epilogue=epilogue)
             # above one run, the parts merged as mla_attention_mosaic merges them
             return (o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse), lse)
         fn = jax.jit(run)
@@ -170,7 +171,7 @@ def main(_):
                 except ValueError as e:
                     if "different from the lowering platform" not in str(e):
                         raise
-            print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits}: lowered")
+            print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits} epilogue={epilogue}: lowered")
             continue
         o_ref, lse_ref = mosaic_gpu.context_attention_xla(operands[0][:1].astype(jnp.float32),
                                                           operands[1][:1].astype(jnp.float32),
@@ -181,7 +182,7 @@ def main(_):
         nbytes = 2 * num_s * (keys * dk + r * (dk + v_dim)) + 4 * num_s * r * operands[4].shape[1]   # + tail bits
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),
                     flops / (max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12))
-        row = dict(ctx=ctx, q=num_q, s=num_s, splits=splits, cluster=cluster, flops=flops, bytes=nbytes,
+        row = dict(ctx=ctx, q=num_q, s=num_s, splits=splits, epilogue=epilogue, cluster=cluster, flops=flops, bytes=nbytes,
                    floor_ms=floor * 1e3)
         try:
             report = []
@@ -214,15 +215,15 @@ def main(_):
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "rows": rows, "device": jax.devices()[0].device_kind,
                        "jax": jax.__version__}, f, indent=1)
-    print("| ctx | Q | S | splits | cluster | registers | spill bytes (st/ld) | floor ms | ms | TFLOP/s | % floor "
+    print("| ctx | Q | S | splits | epilogue | cluster | registers | spill bytes (st/ld) | floor ms | ms | TFLOP/s | % floor "
           "| device us | % floor (device) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}" if "spill_store_bytes" in r else "-"
         timed = (f"{r['ms']:.3f} | {r['tflops']:.0f} | {r['pct_floor']:.1f}" if "ms" in r
                  else "error | - | -")
         device = f"{r['device_us']:.1f} | {r['device_pct_floor']:.1f}" if "device_us" in r else "- | -"
-        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['splits']} | {r['cluster']} | "
+        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['splits']} | {r['epilogue']} | {r['cluster']} | "
               f"{r.get('registers', '-')} | {spill} | {r['floor_ms']:.3f} | {timed} | {device} |")
     for r in rows:
         if p := r.get("profile"):

@@ -338,6 +338,7 @@ def test_select_config_picks_two_pass_for_k2_shapes():
     assert pallas_triton.select_config(64, 8193, 512, 16) == wide                                   # many slots
     assert pallas_triton.select_config(64, 32769, 512, 8) == wide
     assert isinstance(pallas_triton.select_config(65 * 4, 2048, 64), pallas_triton.BlockConfig)     # small pair
+    assert pallas_triton.select_config(64 * 16, 8208, 512, rope=8) == pallas_triton.BlockConfig()   # rope < 16
     assert isinstance(pallas_triton.select_config(1024, 500, 512), pallas_triton.BlockConfig)
     q, kv, ctx_lens, node_mask, _ = make_case(1, 32, 8, 576, 512, 1100, [1060], ["bushy"], jnp.bfloat16)
     out = mla_attention(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512, impl="pallas_triton")
@@ -462,6 +463,14 @@ def test_mosaic_supported_says_why():
     assert "too wide" in mosaic_gpu.supported(640, 512, jnp.bfloat16)
 
 
+def test_mosaic_context_bad_epilogue():
+    q = jnp.zeros((1, 64, 576), jnp.bfloat16)
+    kv = jnp.zeros((1, 256, 576), jnp.bfloat16)
+    with pytest.raises(ValueError, match="epilogue must be one of"):
+        mosaic_gpu.context_attention(q, kv, jnp.ones(1, jnp.int32), jnp.ones(1, jnp.int32),
+                                     jnp.zeros((1, 4, 64), jnp.int32), scale=0.1, v_dim=512, epilogue="smem")
+
+
 @pytest.mark.skipif(mosaic_gpu.is_hopper(), reason="checks the refusal off a Hopper GPU")
 def test_mosaic_refuses_without_gpu():
     q, kv, ctx_lens, node_mask, _ = make_case(1, 3, 64, 576, 512, 140, [130], ["chain"], jnp.bfloat16)
@@ -507,16 +516,17 @@ def random_tail_bits(rng, pairs, num_words: int, rows: int, num_slots: int, empt
 
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
-@pytest.mark.parametrize("rows,cluster,counts,tails,splits", [
-    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 1), (192, 1, [0, 1, 7, 64], [0, 1, 3, 1], 1),
-    (128, 2, [7] * 4, [2] * 4, 1), (192, 1, [0] * 4, [0, 1, 0, 2], 1),
-    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 3), (64, 1, [0, 2, 9, 64], [2, 0, 1, 1], 5)])
-def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits):
+@pytest.mark.parametrize("rows,cluster,counts,tails,splits,epilogue", [
+    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 1, "tma"), (192, 1, [0, 1, 7, 64], [0, 1, 3, 1], 1, "tma"),
+    (128, 2, [7] * 4, [2] * 4, 1, "tma"), (192, 1, [0] * 4, [0, 1, 0, 2], 1, "tma"),
+    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 3, "tma"), (64, 1, [0, 2, 9, 64], [2, 0, 1, 1], 5, "tma"),
+    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 3, "registers")])
+def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits, epilogue):
     """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 0 to 3 tail
     pairs under random masks (stream 3's last tail pair reaches past the cache's 8200 slots; every
     other row of streams 0 and 2 has no tail key, so stream 0's rows with neither give zeros and
     -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
-    stale NaN); splits > 1: each run's part (some runs empty), then merged."""
+    stale NaN); splits > 1: each run's part (some runs empty), then merged. Both epilogues."""
     pairs, tail_pairs = jnp.asarray(counts, jnp.int32), jnp.asarray(tails, jnp.int32)
     rng = fresh_rng()
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
@@ -525,7 +535,7 @@ def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits):
     empty[[0, 2], ::2] = True
     bits = jnp.asarray(random_tail_bits(rng, counts, 12, rows, kv.shape[1], empty))
     run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, tail_pairs, bits, scale=0.04, v_dim=512,
-                                                             cluster=cluster, splits=splits))
+                                                             cluster=cluster, splits=splits, epilogue=epilogue))
     jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
     o, lse = run(q, kv)
     o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,

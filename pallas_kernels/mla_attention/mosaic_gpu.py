@@ -13,7 +13,9 @@ as V (its first v_dim). Three warpgroups:
   score the tiles in turn (consumer 0 the even tiles, consumer 1 the odd): while one runs its
   softmax, the other's matrix products keep the tensor cores busy. The consumer that scored a
   tile writes its probabilities P (bf16) and new row max to shared memory; the other rescales
-  its half to that max and multiplies the same P by its half of V.
+  its half to that max and multiplies the same P by its half of V. At the end each consumer
+  stages its normalised half of O in the shared memory Q held and writes it by TMA (register
+  stores cost 2.8-5.0 us more per call on the H200: BENCHMARKS.md, issue 5, session 24).
 CTAs of consecutive row blocks of one stream run as a cluster whose key slots refill only when
 every CTA has consumed them, so they read each key tile from L2 at about the same time.
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
@@ -21,12 +23,14 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 stream's pairs are split into runs, one CTA each, whose parts XLA merges (`split_count`,
 `combine_splits`; flash-decoding).
 
-Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-22): no register spills; the
+Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-24): no register spills; the
 whole operation reaches 80-90% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
 and for one stream from Q 64 (75% at 32k Q 16), and 71-84% (device time) for 32k decode at
 S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us + floor / 0.9
 (session 22, H 8-64), so calls whose floor is a few tens of us (8k decode, one stream of Q 16
-at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`. impl="auto"
+at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`
+(session 24, TMA epilogue: 8k decode S 16 at 63% of the floor, 57 us, of which the merge and
+`prepare` are 8 us). impl="auto"
 takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
 row blocks or more (`choose`). Off a Hopper GPU the
 registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the
@@ -50,6 +54,7 @@ BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
 BLOCK_K = 64        # keys per tile
 PAIR = 2 * BLOCK_K  # keys per step of the two consumers; the kernel covers ctx // PAIR pairs
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
+EPILOGUES = ("tma", "registers")   # how the consumers write O (context_attention(epilogue=))
 PROFILE_RANGES = 16  # phase entries the profiler may record per warpgroup (context_attention(profile_dir=))
 
 
@@ -65,7 +70,7 @@ def supported(dk: int, v_dim: int, dtype) -> str | None:
 
 
 def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
-                      splits: int = 1, profile_dir: str = ""):
+                      splits: int = 1, profile_dir: str = "", epilogue: str = "tma"):
     """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs, tail_pairs [S] int32, tail_bits [S, W, R]
     int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of row r of stream s over
     every key below 128 * pairs[s], and over tail key 128 * pairs[s] + t (t < 128 * tail_pairs[s])
@@ -79,6 +84,8 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
     each run's part: (O [splits, S, R, v_dim] in q.dtype, lse2 [splits, S, R] float32);
     `combine_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
     reads; the merge's weights come from the float32 lse).
+    epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
+    from the accumulator's registers (the slower form, kept for the A/B of mla_mosaic_probe.py).
     profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
     Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it)."""
@@ -91,14 +98,17 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
         raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
     if splits < 1:
         raise ValueError(f"context_attention: splits must be >= 1; got {splits}")
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"context_attention: epilogue must be one of {EPILOGUES}; got {epilogue!r}")
     if tail_bits.shape[0] != num_s or tail_bits.shape[2] != rows or tail_bits.shape[1] % 4:
         raise ValueError(f"context_attention: tail_bits must be [S={num_s}, 4k, R={rows}] int32; "
                          f"got {tail_bits.shape}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
 
-    def body(q_ref, kv_ref, pairs_ref, tails_ref, bits_ref, o_ref, lse_ref, q_smem, k_smem, p_smem, stat_smem,
+    def body(q_ref, kv_ref, pairs_ref, tails_ref, bits_ref, o_ref, lse_ref, q_space, k_smem, p_smem, stat_smem,
              slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
+        q_smem, o_stage = q_space     # O is staged where Q was, once both consumers are done with Q
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 0 consumer 0's row sum, row 2 consumer 1's, then lse.
         s, block = lax.axis_index("stream"), lax.axis_index("rows")
@@ -232,7 +242,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                     return own_tile(*take_other(acc, m, l, mine, tail), sc, mine, tail)
                 return run
 
-            def epilogue(acc, m, l):
+            def finish(acc, m, l):
                 """The two consumers' row sums added; O normalised and written; lse (consumer 0)."""
                 own_row, their_row = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
                 with jax.named_scope("sums"):
@@ -249,14 +259,21 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                         out_cols = pl.ds(w * half + j * 64, 64)
                         out_at = (o_ref.at[s, rows_here, out_cols] if splits == 1
                                   else o_ref.at[split, s, rows_here, out_cols])
-                        out_at[...] = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
+                        o_j = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
+                        if epilogue == "registers":
+                            out_at[...] = o_j
+                        else:    # past l_bar neither consumer reads Q again: its space holds O
+                            o_stage.at[w, j][...] = o_j
+                            plmg.commit_smem()
+                            plmg.copy_smem_to_gmem(o_stage.at[w, j], out_at)
                 if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
                     with jax.named_scope("lse"):
                         stat_smem[2] = m + jnp.log2(l_tot)
                         plmg.commit_smem()
                         lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
                         plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
-                        plmg.wait_smem_to_gmem(0)
+                if w == 0 or epilogue == "tma":     # shared memory must outlive the TMA stores' reads
+                    plmg.wait_smem_to_gmem(0, wait_read_only=True)
                 if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
                     plmg.barrier_arrive(done)
                     plmg.barrier_wait(done)
@@ -270,7 +287,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
             with jax.named_scope("tail"):
                 acc, m, l = lax.fori_loop(0, masked, step(True), carry)
             with jax.named_scope("epilogue"):
-                epilogue(acc, m, l)
+                finish(acc, m, l)
 
         pl.when(wg == 0)(lambda: consumer(0))
         pl.when(wg == 1)(lambda: consumer(1))
@@ -281,7 +298,8 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
     else:
         k_free = plmg.Barrier(num_arrivals=2, num_barriers=2)
     scratch = dict(
-        q_smem=plmg.SMEM((1, BLOCK_Q, dk), q.dtype, transforms=tiled),
+        q_space=plmg.RefUnion(plmg.SMEM((1, BLOCK_Q, dk), q.dtype, transforms=tiled),
+                              plmg.SMEM((2, half // 64, BLOCK_Q, 64), q.dtype, transforms=tiled)),
         k_smem=plmg.SMEM((2, BLOCK_K, dk), kv.dtype, transforms=tiled),
         p_smem=plmg.SMEM((1, BLOCK_Q, BLOCK_K), kv.dtype, transforms=tiled),
         stat_smem=plmg.SMEM((3, BLOCK_Q), jnp.float32),

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
-from pallas_kernels.mla_attention.two_pass import (TwoPassConfig, fit_config, mla_attention_two_pass, row_masks,
-                                                   score_chunk)
+from pallas_kernels.mla_attention.two_pass import (MIN_DOT_K, TwoPassConfig, _dot, fit_config,
+                                                   mla_attention_two_pass, row_masks, score_chunk)
 from pallas_kernels.pallas_compat import LOG2E, interpret_mode, pl, plgpu
 
 _TREE_BLOCK = 32
@@ -78,8 +78,9 @@ def parse_config(text: str) -> "BlockConfig | TwoPassConfig":
     return TwoPassConfig.parse(text) if text.startswith("tp") else BlockConfig.parse(text)
 
 
-def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1) -> "BlockConfig | TwoPassConfig":
-    """rows (node, head) pairs per stream over num_slots cache slots, num_s streams.
+def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1,
+                  rope: int = 64) -> "BlockConfig | TwoPassConfig":
+    """rows (node, head) pairs per stream over num_slots cache slots, num_s streams, rope width.
 
     The two-pass GEMMs (two_pass.py) for K2-class widths once a stream has >= 256 rows; the
     one-pass kernel otherwise. On an H200 (2026-12-01, ctx 1k-32k, S 1-16, H = 64) two-pass was
@@ -92,8 +93,10 @@ def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1) -> "Blo
     (<= 64 rows) over >= 2^17 stream-slots takes 64-row tiles (every head of a stream in one
     program, the cache read once): 1.07-1.27x faster at ctx 8k S 16 and ctx 32k S 8, 16; at ctx
     8k S 8 they were 0.78x (twice the context splits of 32-row tiles, whose float32 partials
-    then rival the cache in bytes)."""
-    if rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS:
+    then rival the cache in bytes). A rope narrower than MIN_DOT_K keeps the one-pass kernel, whose
+    small tiles afford `_dot`'s broadcast product for it."""
+    if (rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS
+            and rope >= MIN_DOT_K):
         return TwoPassConfig()
     if rows <= 64 and v_dim >= _TWO_PASS_V_DIM and num_s * num_slots >= _WIDE_DECODE_SLOTS:
         return BlockConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
@@ -104,12 +107,6 @@ def default_splits(num_s: int, rows: int, num_slots: int, block_m: int) -> int:
     programs = num_s * -(-rows // block_m)
     want = -(-_TARGET_PROGRAMS // programs)
     return max(1, min(want, num_slots // _MIN_SPLIT))
-
-
-def _dot(a, b, contract_b: int):
-    """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N]."""
-    return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
-                               preferred_element_type=jnp.float32)
 
 
 def _update(carry, s, v):
@@ -214,7 +211,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     if why := _dims_supported(dk, v_dim):
         raise ValueError(f"pallas_triton mla_attention {why}")
     rows = num_q * num_h
-    config = config or select_config(rows, num_slots, v_dim, num_s)
+    config = config or select_config(rows, num_slots, v_dim, num_s, rope)
     q_rows = q.reshape(num_s, rows, q.shape[-1])
     qr_rows = q_rows if q_rope is None else q_rope.reshape(num_s, rows, rope)
     lead = (num_h, num_q) if heads_first else (num_q, num_h)

@@ -76,8 +76,17 @@ class TwoPassConfig:
                 f"{self.pv_m}x{self.pv_v}x{self.pv_k}x{self.pv_warps}x{self.pv_stages}")
 
 
+MIN_DOT_K = 16      # the smallest K of a 16-bit tensor-core product
+
+
 def _dot(a, b, contract_b: int):
-    """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N]."""
+    """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N].
+    With contract_b=1 and K below MIN_DOT_K the product is a float32 broadcast-multiply-sum
+    (exact for 16-bit inputs): on the H200, Triton's 16-bit dot with K = 8 (a rope width of 8)
+    gave wrong scores (rel err 0.25-0.53 at every tested shape, session 24) where interpret mode
+    was right. (Pallas:Triton cannot pad K instead: it concatenates only [..., 1] pieces.)"""
+    if contract_b == 1 and a.shape[1] < MIN_DOT_K:
+        return (a.astype(jnp.float32)[:, None, :] * b.astype(jnp.float32)[None, :, :]).sum(axis=2)
     return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32)
 
 
