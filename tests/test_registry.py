@@ -1,13 +1,16 @@
 """The kernel registry: "auto" per backend, the shape rules (choosers), and the fallback from an
-implementation whose `supports` rule refuses a call."""
+implementation whose `supports` rule refuses a call; and the shared in-kernel product
+`pallas_compat.dot_f32`."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from pallas_kernels import registry
+from tests.kernel_testing import assert_close, fresh_rng
 
 
 def _fake_op(monkeypatch, chooser=None, supports=None):
@@ -77,3 +80,19 @@ def test_auto_never_picks_an_implementation_that_refuses(monkeypatch, op, args, 
     """On a GPU, impl="auto" takes "xla" for shapes the kernels refuse (as "xla" itself does)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert registry.auto_impl(op, *args, **kwargs) == want
+
+
+@pytest.mark.parametrize("k", [8, 16])
+@pytest.mark.parametrize("contract_b", [1, 0])
+def test_dot_f32_is_exact_for_small_k(k, contract_b):
+    """pallas_compat.dot_f32: bf16 operands with K < 16 (the broadcast product) and K = 16 (the
+    dot) both give the float64 product of the bf16 values to float32 rounding."""
+    from pallas_kernels.pallas_compat import dot_f32
+    rng = fresh_rng()
+    a = jnp.asarray(rng.standard_normal((32, k)), jnp.bfloat16)
+    b = jnp.asarray(rng.standard_normal((64, k) if contract_b else (k, 64)), jnp.bfloat16)
+    got = dot_f32(a, b, contract_b)
+    b64 = np.asarray(b, np.float64)
+    want = np.asarray(a, np.float64) @ (b64.T if contract_b else b64)
+    assert got.dtype == jnp.float32 and got.shape == (32, 64)
+    assert_close(got, want, 1e-6, f"K={k}")

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
-from pallas_kernels.pallas_compat import LOG2E, interpret_mode, pl, plgpu
+from pallas_kernels.pallas_compat import LOG2E, dot_f32, interpret_mode, pl, plgpu
 
 TARGET_PROGRAMS = 128  # default splits: enough (stream, KV head, split) programs to spread the work
 
@@ -32,12 +32,6 @@ def default_splits(num_programs: int, num_slots: int, block_n: int) -> int:
     return max(1, min(-(-TARGET_PROGRAMS // num_programs), -(-num_slots // block_n)))
 
 
-def _dot(a, b, contract_b: int):
-    """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N]."""
-    return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-
-
 def _update(carry, s, v):
     """One online-softmax step: scores s [M, n] (-inf = hidden), values v [n, hd]."""
     m, l, acc = carry
@@ -45,7 +39,7 @@ def _update(carry, s, v):
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp2(s - m_safe[:, None])          # s and m in log2 units (see pallas_compat.LOG2E)
     alpha = jnp.exp2(m - m_safe)
-    return m_new, l * alpha + p.sum(axis=1), acc * alpha[:, None] + _dot(p.astype(v.dtype), v, 0)
+    return m_new, l * alpha + p.sum(axis=1), acc * alpha[:, None] + dot_f32(p.astype(v.dtype), v, 0)
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, kb_ref, vb_ref, *out_refs, scale, rows, rows_pad,
@@ -64,14 +58,14 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, kb_ref, vb_ref, *out_refs, scale, rows
         ok = start + jnp.arange(block_n) < hi
         k = plgpu.load(k_ref.at[pl.ds(start, block_n), :], mask=ok[:, None], other=0)
         v = plgpu.load(v_ref.at[pl.ds(start, block_n), :], mask=ok[:, None], other=0)
-        s = jnp.where(ok[None, :], _dot(q, k, 1) * scale, -jnp.inf)
+        s = jnp.where(ok[None, :], dot_f32(q, k, 1) * scale, -jnp.inf)
         return _update(carry, s, v)
 
     carry = jax.lax.fori_loop(0, jnp.maximum(hi - lo + block_n - 1, 0) // block_n, context_tile, carry)
     ok = (jnp.arange(b_pad) < b) & (split == num_splits - 1)     # the block's keys: last split
     kb = plgpu.load(kb_ref.at[pl.ds(0, b_pad), :], mask=ok[:, None], other=0)
     vb = plgpu.load(vb_ref.at[pl.ds(0, b_pad), :], mask=ok[:, None], other=0)
-    s = jnp.where(ok[None, :], _dot(q, kb, 1) * scale, -jnp.inf)
+    s = jnp.where(ok[None, :], dot_f32(q, kb, 1) * scale, -jnp.inf)
     m, l, acc = _update(carry, s, vb)
     if num_splits == 1:   # the block's keys are always visible, so l > 0
         (o_ref,) = out_refs

@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
-from pallas_kernels.mla_attention.two_pass import (MIN_DOT_K, TwoPassConfig, _dot, fit_config,
-                                                   mla_attention_two_pass, row_masks, score_chunk)
-from pallas_kernels.pallas_compat import LOG2E, interpret_mode, pl, plgpu
+from pallas_kernels.mla_attention.two_pass import (TwoPassConfig, fit_config, mla_attention_two_pass, row_masks,
+                                                   score_chunk)
+from pallas_kernels.pallas_compat import LOG2E, MIN_DOT_K, dot_f32, interpret_mode, pl, plgpu
 
 _TREE_BLOCK = 32
 _TARGET_PROGRAMS = 264          # about two waves of the H200's 132 SMs
@@ -94,7 +94,7 @@ def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1,
     program, the cache read once): 1.07-1.27x faster at ctx 8k S 16 and ctx 32k S 8, 16; at ctx
     8k S 8 they were 0.78x (twice the context splits of 32-row tiles, whose float32 partials
     then rival the cache in bytes). A rope narrower than MIN_DOT_K keeps the one-pass kernel, whose
-    small tiles afford `_dot`'s broadcast product for it."""
+    small tiles afford `dot_f32`'s broadcast product for it."""
     if (rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS
             and rope >= MIN_DOT_K):
         return TwoPassConfig()
@@ -115,7 +115,7 @@ def _update(carry, s, v):
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp2(s - m_safe[:, None])          # s and m in log2 units (see pallas_compat.LOG2E)
     alpha = jnp.exp2(m - m_safe)
-    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, 0)
+    acc = acc * alpha[:, None] + dot_f32(p.astype(v.dtype), v, 0)
     return m_new, l * alpha + p.sum(axis=1), acc
 
 
@@ -135,7 +135,7 @@ def _kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, *out_refs, scale, v_dim, r
         rows_k = pl.ds(start, n)
         k_lat = plgpu.load(kv_ref.at[rows_k, pl.ds(0, v_dim)], mask=key_ok[:, None], other=0)
         k_pe = plgpu.load(kv_ref.at[rows_k, pl.ds(v_dim, rope)], mask=key_ok[:, None], other=0)
-        return (_dot(q_lat, k_lat, 1) + _dot(q_pe, k_pe, 1)) * scale, k_lat
+        return (dot_f32(q_lat, k_lat, 1) + dot_f32(q_pe, k_pe, 1)) * scale, k_lat
 
     lo = split * split_len
     hi = jnp.minimum(lo + split_len, ctx)

@@ -33,7 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.pallas_compat import LOG2E, interpret_mode, pl, plgpu
+from pallas_kernels.pallas_compat import LOG2E, dot_f32, interpret_mode, pl, plgpu
 
 _P_BYTES = 2 << 30          # the largest P buffer one group of streams may use
 _WORD = 32                  # tree tokens per bitmask word
@@ -76,20 +76,6 @@ class TwoPassConfig:
                 f"{self.pv_m}x{self.pv_v}x{self.pv_k}x{self.pv_warps}x{self.pv_stages}")
 
 
-MIN_DOT_K = 16      # the smallest K of a 16-bit tensor-core product
-
-
-def _dot(a, b, contract_b: int):
-    """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N].
-    With contract_b=1 and K below MIN_DOT_K the product is a float32 broadcast-multiply-sum
-    (exact for 16-bit inputs): on the H200, Triton's 16-bit dot with K = 8 (a rope width of 8)
-    gave wrong scores (rel err 0.25-0.53 at every tested shape, session 24) where interpret mode
-    was right. (Pallas:Triton cannot pad K instead: it concatenates only [..., 1] pieces.)"""
-    if contract_b == 1 and a.shape[1] < MIN_DOT_K:
-        return (a.astype(jnp.float32)[:, None, :] * b.astype(jnp.float32)[None, :, :]).sum(axis=2)
-    return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32)
-
-
 def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref, *, scale, v_dim, rope,
                    rope_col, chunk, num_q, rows, block_m, block_n, kind):
     """One [block_m, block_n] tile of P, m, l. Program n of a launch of `kind`:
@@ -125,7 +111,7 @@ def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref
 
         def body(i, acc):
             a = plgpu.load(q_ref.at[rws, pl.ds(i * chunk, chunk)], mask=row_ok[:, None], other=0)
-            return acc + _dot(a, load_keys(pl.ds(i * chunk, chunk)), 1)
+            return acc + dot_f32(a, load_keys(pl.ds(i * chunk, chunk)), 1)
 
         acc = jnp.zeros((block_m, block_n), jnp.float32)
         if rope_col == v_dim and rope == chunk:     # q holds the rope part too: one loop over all of Dk
@@ -133,7 +119,7 @@ def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref
         else:
             acc = jax.lax.fori_loop(0, v_dim // chunk, body, acc)
             a = plgpu.load(qr_ref.at[rws, pl.ds(rope_col, rope)], mask=row_ok[:, None], other=0)
-            s = (acc + _dot(a, load_keys(pl.ds(v_dim, rope)), 1)) * scale
+            s = (acc + dot_f32(a, load_keys(pl.ds(v_dim, rope)), 1)) * scale
 
         if edge:  # bit t * block_n + c of each row's ancestor mask: word t * block_n / 32 + c / 32
             bits = jnp.zeros((block_m, block_n), jnp.int32)
@@ -186,7 +172,7 @@ def _pv_kernel(ctx_ref, p_ref, m_ref, l_ref, kv_ref, o_ref, *, num_q, rows, bloc
         m = plgpu.load(m_ref.at[col0 // block_n, rws], mask=row_ok, other=-jnp.inf)
         v = plgpu.load(kv_ref.at[pl.ds(start, block_k), pl.ds(c0, block_v)], mask=key_ok[:, None], other=0)
         f = jnp.exp2(m - m_row) * inv_l         # scaling P in kv.dtype was 0-2% faster than in f32
-        return acc + _dot(p * f.astype(p.dtype)[:, None], v, 0)
+        return acc + dot_f32(p * f.astype(p.dtype)[:, None], v, 0)
 
     def ctx_body(i, acc):                       # P column = cache slot
         return step(i * block_k, i * block_k, i * block_k + kk < ctx, acc)
