@@ -338,7 +338,8 @@ def test_select_config_picks_two_pass_for_k2_shapes():
     assert pallas_triton.select_config(64, 8193, 512, 16) == wide                                   # many slots
     assert pallas_triton.select_config(64, 32769, 512, 8) == wide
     assert isinstance(pallas_triton.select_config(65 * 4, 2048, 64), pallas_triton.BlockConfig)     # small pair
-    assert pallas_triton.select_config(64 * 16, 8208, 512, rope=8) == pallas_triton.BlockConfig()   # rope < 16
+    assert pallas_triton.select_config(64 * 16, 8208, 512, rope=8) == pallas_triton.BlockConfig()   # bf16 rope < 16
+    assert pallas_triton.select_config(64 * 16, 8208, 512, rope=8, dtype=jnp.float32) == two_pass.TwoPassConfig()
     assert isinstance(pallas_triton.select_config(1024, 500, 512), pallas_triton.BlockConfig)
     q, kv, ctx_lens, node_mask, _ = make_case(1, 32, 8, 576, 512, 1100, [1060], ["bushy"], jnp.bfloat16)
     out = mla_attention(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512, impl="pallas_triton")

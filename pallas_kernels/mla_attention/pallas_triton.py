@@ -78,9 +78,10 @@ def parse_config(text: str) -> "BlockConfig | TwoPassConfig":
     return TwoPassConfig.parse(text) if text.startswith("tp") else BlockConfig.parse(text)
 
 
-def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1,
-                  rope: int = 64) -> "BlockConfig | TwoPassConfig":
-    """rows (node, head) pairs per stream over num_slots cache slots, num_s streams, rope width.
+def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1, rope: int = 64,
+                  dtype=jnp.bfloat16) -> "BlockConfig | TwoPassConfig":
+    """rows (node, head) pairs per stream over num_slots cache slots, num_s streams, rope width,
+    query dtype.
 
     The two-pass GEMMs (two_pass.py) for K2-class widths once a stream has >= 256 rows; the
     one-pass kernel otherwise. On an H200 (2026-12-01, ctx 1k-32k, S 1-16, H = 64) two-pass was
@@ -93,10 +94,11 @@ def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1,
     (<= 64 rows) over >= 2^17 stream-slots takes 64-row tiles (every head of a stream in one
     program, the cache read once): 1.07-1.27x faster at ctx 8k S 16 and ctx 32k S 8, 16; at ctx
     8k S 8 they were 0.78x (twice the context splits of 32-row tiles, whose float32 partials
-    then rival the cache in bytes). A rope narrower than MIN_DOT_K keeps the one-pass kernel, whose
-    small tiles afford `dot_f32`'s broadcast product for it."""
+    then rival the cache in bytes). A 16-bit rope narrower than MIN_DOT_K keeps the one-pass
+    kernel, whose small tiles afford `dot_f32`'s broadcast product for it."""
+    narrow_16bit = rope < MIN_DOT_K and jnp.dtype(dtype).itemsize == 2
     if (rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS
-            and rope >= MIN_DOT_K):
+            and not narrow_16bit):
         return TwoPassConfig()
     if rows <= 64 and v_dim >= _TWO_PASS_V_DIM and num_s * num_slots >= _WIDE_DECODE_SLOTS:
         return BlockConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
@@ -211,7 +213,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     if why := _dims_supported(dk, v_dim):
         raise ValueError(f"pallas_triton mla_attention {why}")
     rows = num_q * num_h
-    config = config or select_config(rows, num_slots, v_dim, num_s, rope)
+    config = config or select_config(rows, num_slots, v_dim, num_s, rope, q.dtype)
     q_rows = q.reshape(num_s, rows, q.shape[-1])
     qr_rows = q_rows if q_rope is None else q_rope.reshape(num_s, rows, rope)
     lead = (num_h, num_q) if heads_first else (num_q, num_h)
