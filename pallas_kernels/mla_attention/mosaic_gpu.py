@@ -165,7 +165,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                 plmg.barrier_wait(k_full.at[w])
 
                 def run(s_ref):
-                    plmg.wgmma(s_ref, q_smem.at[mine - w], plmg.transpose_ref(k_smem.at[mine], (1, 0)))
+                    plmg.wgmma(s_ref, q_smem.at[mine - w], k_smem.at[mine].transpose((1, 0)))
                     return s_ref[...]
                 return pl.run_scoped(run, plmg.ACC((BLOCK_Q, BLOCK_K), jnp.float32))
 
