@@ -71,14 +71,15 @@ def test_mla_bench_runs_on_the_cpu():
 
 def test_mla_mosaic_probe_lowers():
     """experiments/mla_mosaic_probe.py --lower_only: the Mosaic GPU kernel in clusters of two and of
-    one, whole and with each stream's context split into 3 runs, lowered for CUDA on the CPU, also
-    with the in-kernel profiler (--profile: its buffer must fit the shared memory left over)."""
+    one, whole and with each stream's context split into 3 runs, with both epilogues (O by TMA from
+    Q's shared memory, or from registers), lowered for CUDA on the CPU, also with the in-kernel
+    profiler (--profile: its buffer must fit the shared memory left over)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "experiments/mla_mosaic_probe.py", "--lower_only", "--profile",
-                          "--shapes=1024:2:2,1024:3:1,2048:1:2", "--splits=1,3"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+                          "--shapes=1024:2:2,1024:3:1,2048:1:2", "--splits=1,3", "--epilogues=tma,registers"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
-    assert out.stdout.count("lowered") == 6, out.stdout
+    assert out.stdout.count("lowered") == 12, out.stdout
 
 
 def test_mla_mosaic_probe_reads_the_ptxas_report():
