@@ -14,7 +14,8 @@ from tests.kernel_testing import fresh_rng, runnable_impls
 
 def _case(S, L, V, B, follow=0.8, Dk=20, W=24, layers=2):
     """A DDTree tree of random draft logits; a posterior that picks one of each node's children's
-    tokens with probability `follow` (else a random token), so walks of many lengths occur. The
+    tokens with probability `follow` (else a random token; stream 0's root always follows), so
+    walks of many lengths occur. The
     caches hold the N verified nodes at slots start.. start + N - 1, as the verify step leaves them."""
     rng = fresh_rng()
     t = trees.build_tree(jnp.asarray(rng.standard_normal((S, L, V)) * 2, jnp.float32), B,
@@ -25,7 +26,8 @@ def _case(S, L, V, B, follow=0.8, Dk=20, W=24, layers=2):
     for s in range(S):
         for i in range(n):
             kids = [j for j in range(1, n) if par[s, j] == i]
-            if kids and rng.random() < follow:
+            # stream 0's root always follows, so every case accepts beyond the root somewhere
+            if kids and (rng.random() < follow or (s, i) == (0, 0)):
                 post[s, i] = tokens[s, kids[rng.integers(len(kids))]]
     start = rng.integers(0, 11, S).astype(np.int32)
     M = 11 + n + 3
