@@ -42,6 +42,7 @@ it cannot run this kernel: BENCHMARKS.md, issue 5, session 23);
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import jax
@@ -105,6 +106,9 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                          f"got {tail_bits.shape}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
+    # plmg.load of an indexed ref: jax 0.10 requires an index argument, jax 0.11 deprecates it
+    index_required = inspect.signature(plmg.load).parameters["idx"].default is inspect.Parameter.empty
+    load = (lambda ref, **kw: plmg.load(ref, (), **kw)) if index_required else plmg.load
 
     def body(q_ref, kv_ref, pairs_ref, tails_ref, bits_ref, o_ref, lse_ref, q_space, k_smem, p_smem, stat_smem,
              slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
@@ -190,7 +194,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
             def take_other(acc, m, l, mine, tail: bool):
                 """Fold in the other consumer's latest tile: its P and row max from shared memory."""
                 plmg.barrier_wait(p_ready.at[other])
-                m_new = plmg.load(stat_smem, (other,), layout=row_layout)
+                m_new = load(stat_smem.at[other], layout=row_layout)
                 acc, l = rescale(acc, l, m, finite(m_new) if tail else m_new)
                 plmg.barrier_wait(k_full.at[other])
                 return pv(acc, p_smem.at[mine - w], 1 - mine, other), m_new, l
@@ -214,7 +218,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                 """sc with -inf at the keys this consumer's i-th tail tile leaves out: tile
                 2 (tail_first + i) + w of the tail, its keys' bits in two words per row."""
                 word = 4 * (tail_first + i) + 2 * w
-                lo, hi = (lax.broadcast_in_dim(plmg.load(bits_ref.at[s, word + k, rows_here], (), layout=row_layout,
+                lo, hi = (lax.broadcast_in_dim(load(bits_ref.at[s, word + k, rows_here], layout=row_layout,
                                                          optimized=False), sc.shape, [0]) for k in (0, 1))
                 col = plmg.layout_cast(lax.broadcasted_iota(jnp.int32, sc.shape, 1), plmg.Layout.WGMMA)
                 bits = lax.shift_right_logical(jnp.where(col < 32, lo, hi), col & 31)
@@ -250,7 +254,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                     plmg.commit_smem()
                     plmg.barrier_arrive(l_bar)
                     plmg.barrier_wait(l_bar)
-                    l_tot = l + plmg.load(stat_smem, (their_row,), layout=row_layout)
+                    l_tot = l + load(stat_smem.at[their_row], layout=row_layout)
                 # Normalise and write O 64 columns at a time; a row that saw no key gives zeros and
                 # lse -inf (its row max -inf, its row sum 0).
                 inv = lax.broadcast_in_dim(1.0 / jnp.where(l_tot > 0, l_tot, 1.0), (BLOCK_Q, 64), [0])
