@@ -98,7 +98,8 @@ CALIBRATIONS = {
                "T=16..256 in device time, 102-108 us at T=1 (moe_h200_session8.md); session 9: "
                "28% of matmul at T=4096 (moe_large_t_h200_session9.md); "
                "session 22: MLA attention (mosaic_gpu, H 8/32/64, ctx 4k-32k, device time) "
-               "20 us + floor / 0.90 gives 0.84-1.05x its 18 measured shapes; bf16-weight GEMMs "
+               "20 us + floor / 0.90 gives 0.84-1.05x its 18 measured shapes, and 0.92-1.03x the six "
+               "shapes session 24 re-measured with the TMA epilogue; bf16-weight GEMMs "
                "75-85% of copy); comm, layer and step terms assumed"),
     "marlin": Calibration(
         "marlin", moe_bw_eff=0.70 / _COPY_RATIO, moe_mm_eff=0.25, moe_min_us=20, attn_eff=0.80,
