@@ -66,6 +66,8 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation inside
                   "the host's dispatch, which time_in_graph still divides into small calls) and its top kernels")
 flags.DEFINE_list("mosaic_splits", [], "with --impls=mosaic_gpu: also time it with each of these run counts "
                   "per stream (rows 'mosaic_gpu sN'; the default row uses mosaic_gpu.split_count's rule)")
+flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it with each of these merges of "
+                  "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'xla')")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3
@@ -233,13 +235,14 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
 
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
-                  in_graph=False, trace=False, mosaic_splits=(), log=print) -> list[dict]:
+                  in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), log=print) -> list[dict]:
     """Time every (ctx, Q, S) shape; returns one dict per (shape, implementation or config).
 
     The cache has aligned_slots(ctx + Q) slots, as engine.setup allocates; each stream's context
     is ctx and the Q tree nodes' entries follow it. in_graph: also time_in_graph (graph_ms).
     trace: also traced_in_graph (device_ms, its % of the floor, kernels, top_kernels).
     mosaic_splits: with "mosaic_gpu" in impls, also rows "mosaic_gpu sN" split into N runs.
+    mosaic_merges: likewise rows "mosaic_gpu merge=M" (mosaic_gpu.MERGES) at the default run count.
 
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
@@ -279,6 +282,9 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                     for n in mosaic_splits:
                         fns[f"mosaic_gpu s{n}"] = jax.jit(
                             lambda *a, n=n: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, splits=n))
+                    for m in mosaic_merges:
+                        fns[f"mosaic_gpu merge={m}"] = jax.jit(
+                            lambda *a, m=m: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, merge=m))
                 if "auto" in impls:
                     auto = registry.get("mla_attention", "auto")
                     fns["auto"] = jax.jit(lambda *a: auto(*a, scale=scale, v_dim=v_dim))
@@ -396,7 +402,8 @@ def main(_):
                          [int(x) for x in FLAGS.streams], heads=FLAGS.heads, dk=FLAGS.dk,
                          v_dim=FLAGS.v_dim, configs=configs, impls=tuple(FLAGS.impls), ceilings=ceilings,
                          budget_s=FLAGS.budget_s, parts=FLAGS.parts, in_graph=FLAGS.in_graph,
-                         trace=FLAGS.trace, mosaic_splits=[int(n) for n in FLAGS.mosaic_splits])
+                         trace=FLAGS.trace, mosaic_splits=[int(n) for n in FLAGS.mosaic_splits],
+                         mosaic_merges=FLAGS.mosaic_merges)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,

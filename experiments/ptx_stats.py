@@ -26,8 +26,10 @@ context length in --drafter_ctx and each BLOCK_NxWARPSxSTAGES in --drafter_confi
       --kernel=drafter --drafter_ctx=256,1024 --drafter_configs=64x4x1,32x4x1
 
 --kernel=drafter_qkv / tree_accept: the drafter's fused projection (block and context forms) and
-the accept kernel at the shipped pair's shapes, per stream count in --small_streams. A kernel
-that Triton rejects shows its error here, before any device time is spent on it.
+the accept kernel at the shipped pair's shapes, per stream count in --small_streams.
+--kernel=mla_merge: the MLA split runs' merge (pallas_kernels/mla_attention/merge.py) per run count
+in --merge_parts and stream count in --small_streams. A kernel that Triton rejects shows its error
+here, before any device time is spent on it.
 """
 
 from __future__ import annotations
@@ -285,6 +287,28 @@ def dump_tree_accept(streams, *, out_dir) -> list[dict]:
     return manifest
 
 
+def dump_mla_merge(parts, streams, *, rows=64, v_dim=512, out_dir) -> list[dict]:
+    """Lower the split runs' merge kernel (pallas_kernels/mla_attention/merge.py) for each part
+    count K and stream count S (bf16 parts of `rows` rows, bf16 output), and write its TTIR."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.mla_attention import merge
+
+    manifest = []
+    with _Capture(merge) as cap:
+        for k in parts:
+            for num_s in streams:
+                specs = (jax.ShapeDtypeStruct((k, num_s, rows, v_dim), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((k, num_s, rows), jnp.float32))
+                jax.jit(lambda o, lse: merge.merge_splits(o, lse, jnp.bfloat16)).trace(*specs).lower(
+                    lowering_platforms=("cuda",))
+                key = f"mla_merge K={k} S={num_s}"
+                manifest.append(dict(key=key, config=f"mla_merge K={k}", q=num_s, splits=k,
+                                     ttir=_write(out_dir, key, cap.modules[-1]), num_warps=4, num_stages=2))
+    return manifest
+
+
 def dump_moe(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk=8, out_dir) -> list[dict]:
     """Lower the INT4 MoE kernels (gate_up, down) per (T, option set) and write their TTIR."""
     import jax
@@ -336,6 +360,10 @@ def main(_):
             manifest = dump_drafter(f.drafter_configs, [int(x) for x in f.drafter_ctx], dims=dims,
                                     out_dir=d)
             head = (f"drafter block attention, (S, b, H, KV, hd) = {dims}, sm_90a", "N")
+        elif f.kernel == "mla_merge":
+            manifest = dump_mla_merge([int(x) for x in f.merge_parts], [int(x) for x in f.small_streams],
+                                      out_dir=d)
+            head = ("MLA split runs' merge, 64 rows x 512 columns per stream, bf16, sm_90a", "S")
         elif f.kernel in ("drafter_qkv", "tree_accept"):
             dump = dump_drafter_qkv if f.kernel == "drafter_qkv" else dump_tree_accept
             manifest = dump([int(x) for x in f.small_streams], out_dir=d)
@@ -372,8 +400,9 @@ if __name__ == "__main__":
 
         flags.DEFINE_integer("top_ops", 8, "opcodes listed per kernel loop, most frequent first")
         flags.DEFINE_string("ttir_dir", "", "keep each kernel's TTIR (as lowered, and after the TTIR stage) here")
-        flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept: stream counts")
-        flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept"],
+        flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept, mla_merge: stream counts")
+        flags.DEFINE_list("merge_parts", ["8", "16", "64", "132"], "mla_merge: split runs K")
+        flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept", "mla_merge"],
                           "which Pallas:Triton kernel to compile")
         flags.DEFINE_list("configs", ["32x64x4x2"], "mla: one-pass BMxBNxWARPSxSTAGES or two-pass tpMxNxWxS-MxVxKxWxS")
         flags.DEFINE_list("q", ["16", "64", "256"], "mla: new tokens per stream")

@@ -400,11 +400,11 @@ MOSAIC_CASES = [  # (id, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): a
 
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"case{c[0]}")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("splits", [None, 3])
-def test_mosaic_parts_around_the_kernel(case, dtype, splits):
+@pytest.mark.parametrize("splits,merge", [(None, "xla"), (3, "xla"), (3, "pallas")])
+def test_mosaic_parts_around_the_kernel(case, dtype, splits, merge):
     """mosaic_gpu's XLA work around the kernel (`prepare`: query rows and the tail's mask words),
     with the kernel replaced by its XLA twin: equals the golden; splits=3: each stream's pairs
-    split into 3 runs (some empty) merged by combine_splits."""
+    split into 3 runs (some empty) merged by combine_splits or by the Pallas merge kernel."""
     cid, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
     q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim, n, ctx,
                                               ["bushy", "chain", "star"], dtype)
@@ -413,7 +413,7 @@ def test_mosaic_parts_around_the_kernel(case, dtype, splits):
     qq = lay(q[..., :v_dim]) if apart else lay(q)
     out = mosaic_gpu.mla_attention_mosaic(qq, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim,
                                           heads_first=heads_first, context=mosaic_gpu.context_attention_xla,
-                                          splits=splits, **kw)
+                                          splits=splits, merge=merge, **kw)
     assert out.dtype == dtype
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim)
     assert_close(lay(out), ref, TOL[dtype], f"mosaic parts case {cid}")

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels import registry
+from pallas_kernels.mla_attention.merge import merge_splits
 
 BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
 BLOCK_K = 64        # keys per tile
@@ -461,22 +462,29 @@ def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
     return cluster, splits
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits"))
+MERGES = ("xla", "pallas")   # how split runs are merged: combine_splits, or merge.merge_splits
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits", "merge"))
 def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                          heads_first: bool = False, q_rope=None, context=context_attention,
-                         splits: int | None = None):
+                         splits: int | None = None, merge: str = "xla"):
     """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
     node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
     context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
-    stream's context is split into (None: `split_count`'s rule)."""
+    stream's context is split into (None: `split_count`'s rule). merge: how the runs are merged
+    (MERGES: XLA's combine_splits, or one Pallas:Triton kernel)."""
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     num_s, a, b, _ = q.shape
     operands = prepare(q, kv, ctx_lens, node_mask, heads_first=heads_first, q_rope=q_rope)
     cluster, splits = launch(*operands[:2], splits=splits)
     if splits == 1:
         out, _ = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
-        out = combine_splits(*context(*operands, scale=scale, v_dim=v_dim, cluster=cluster,
-                                      splits=splits)).astype(q.dtype)
+        parts = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits)
+        out = (merge_splits(*parts, q.dtype) if merge == "pallas"
+               else combine_splits(*parts).astype(q.dtype))
     return out[:, :a * b].reshape(num_s, a, b, v_dim)
 
 

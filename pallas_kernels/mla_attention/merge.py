@@ -1,0 +1,83 @@
+"""The split runs' merge as one Pallas:Triton kernel (the alternative to XLA's `combine_splits`).
+
+`mosaic_gpu.context_attention(splits=K)` leaves K parts per stream: O [K, S, R, v] (bf16 or
+float32, each normalised by its own row sum) and lse2 [K, S, R] float32 (log2 units, -inf for a
+run that saw no key). The merge weights part k by 2^(lse2_k - max_k lse2_k). XLA runs it as 2-5
+small kernels (reductions of different shapes do not fuse), each about 1-3 us on the H200 at the
+decode shapes (BENCHMARKS.md, issue 5, session 24). Here one kernel does it: program (s, row block,
+column block) walks the K parts kc at a time (kc independent [BR, BC] loads per step, so the
+partial sums stay in each thread's registers: a [kc, BR, BC] tile reduced over its first axis
+compiled to 164 shuffles and a shared-memory round trip per step), first the row maxima from
+lse2, then the weighted sums, and writes the output dtype. The grid gives the GPU enough
+programs even for one stream (8 rows x 64 or 32 columns each). `mla_attention_mosaic(merge=
+"pallas")` uses it; "xla" (`combine_splits`) stays the default.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
+
+BR = 8              # rows per program
+MIN_PROGRAMS = 264  # two per SM of an H100 / H200: below, programs take 32 columns instead of 64
+
+
+def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
+    out_ref = refs[-1]                                  # refs: (out,) or (aliased out, out)
+    s, rb, cb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    rows, cols = pl.ds(rb * BR, BR), pl.ds(cb * bc, bc)
+    steps = -(-parts // kc)
+
+    def lse_at(k):
+        return plgpu.load(lse_ref.at[jnp.minimum(k, parts - 1), s, rows], mask=jnp.full((BR,), k < parts),
+                          other=-jnp.inf)
+
+    def top_step(c, m):
+        for i in range(kc):
+            m = jnp.maximum(m, lse_at(c * kc + i))
+        return m
+
+    top = jax.lax.fori_loop(0, steps, top_step, jnp.full((BR,), -jnp.inf, jnp.float32))
+    ref = jnp.where(top == -jnp.inf, 0.0, top)          # a row no part saw: every weight 0
+
+    def add_step(c, carry):
+        acc, den = carry
+        for i in range(kc):
+            k = c * kc + i
+            w = jnp.exp2(lse_at(k) - ref)                                               # [BR]
+            o = plgpu.load(o_ref.at[jnp.minimum(k, parts - 1), s, rows, cols],
+                           mask=jnp.full((BR, bc), k < parts), other=0)                   # [BR, BC]
+            acc, den = acc + w[:, None] * o.astype(jnp.float32), den + w
+        return acc, den
+
+    acc, den = jax.lax.fori_loop(0, steps, add_step, (jnp.zeros((BR, bc), jnp.float32),
+                                                      jnp.zeros((BR,), jnp.float32)))
+    out_ref[s, rows, cols] = (acc / jnp.where(den > 0, den, 1.0)[:, None]).astype(out_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "kc", "warps"))
+def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, kc: int = 16, warps: int = 1):
+    """O [K, S, R, v] (any float dtype), lse2 [K, S, R] float32 -> O [S, R, v] out_dtype, merged
+    by log-sum-exp in float32 (zeros where no part saw a key); R % 8 == 0, v % 32 == 0.
+    out: a buffer of the result's shape and dtype to write into (e.g. NaN-poisoned, in tests);
+    kc: parts per loop step; warps: per program."""
+    parts, num_s, rows, v = o.shape
+    if lse.shape != (parts, num_s, rows) or lse.dtype != jnp.float32:
+        raise ValueError(f"lse: expected float32 {(parts, num_s, rows)}, got {lse.dtype} {lse.shape}")
+    if rows % BR or v % 32:
+        raise ValueError(f"o: rows ({rows}) must be a multiple of {BR} and v ({v}) of 32")
+    bc = 64 if v % 64 == 0 and num_s * (rows // BR) * (v // 64) >= MIN_PROGRAMS else 32
+    shape = jax.ShapeDtypeStruct((num_s, rows, v), out_dtype)
+    if out is not None and (out.shape, out.dtype) != (shape.shape, shape.dtype):
+        raise ValueError(f"out: expected {shape.dtype} {shape.shape}, got {out.dtype} {out.shape}")
+    return pl.pallas_call(
+        functools.partial(_kernel, parts=parts, bc=bc, kc=kc),
+        out_shape=shape, grid=(num_s, rows // BR, v // bc),
+        input_output_aliases={} if out is None else {2: 0},
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=2),
+        interpret=interpret_mode(),
+    )(o, lse, *([] if out is None else [out]))

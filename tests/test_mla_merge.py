@@ -1,0 +1,55 @@
+"""The split runs' merge kernel (pallas_kernels/mla_attention/merge.py) against a float64 numpy
+merge: parts that saw no key (-inf lse), rows no part saw (zeros), K not a multiple of the step,
+one part, float32 and bf16 parts; outputs NaN-poisoned before the run."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.mla_attention import merge
+from tests.kernel_testing import assert_close, fresh_rng
+
+
+def golden(o, lse):
+    o, lse = np.asarray(o, np.float64), np.asarray(lse, np.float64)
+    top = lse.max(0)
+    w = np.exp2(lse - np.where(np.isfinite(top), top, 0.0))
+    den = w.sum(0)
+    return (w[..., None] * o).sum(0) / np.where(den > 0, den, 1.0)[..., None]
+
+
+@pytest.mark.parametrize("k,s,r,v,kc,dtype", [(1, 1, 8, 64, 16, jnp.bfloat16), (3, 2, 16, 128, 2, jnp.float32),
+                                              (16, 1, 64, 64, 16, jnp.bfloat16), (13, 3, 8, 64, 4, jnp.bfloat16)])
+def test_merge_matches_golden(k, s, r, v, kc, dtype):
+    rng = fresh_rng()
+    o = jnp.asarray(rng.standard_normal((k, s, r, v)), dtype)
+    lse = (rng.standard_normal((k, s, r)) * 4).astype(np.float32)
+    lse[0, 0, :2] = -np.inf                  # a part that saw no key for two rows
+    if k > 1:
+        lse[:, -1, 3] = -np.inf              # a row no part saw
+    out = merge.merge_splits(o, jnp.asarray(lse), jnp.float32, jnp.full((s, r, v), jnp.nan, jnp.float32), kc=kc)
+    want = golden(o, lse)
+    assert np.all(np.isfinite(np.asarray(out)))
+    if k > 1:
+        assert np.all(np.asarray(out)[-1, 3] == 0)
+    assert_close(out, want, 1e-6, f"merge K{k} S{s}")
+    out16 = merge.merge_splits(o, jnp.asarray(lse), jnp.bfloat16, kc=kc)
+    assert out16.dtype == jnp.bfloat16
+    assert_close(out16, want, 8e-3, f"merge K{k} S{s} bf16 out")
+
+
+def test_merge_refuses_bad_shapes():
+    o = jnp.zeros((2, 1, 8, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="lse"):
+        merge.merge_splits(o, jnp.zeros((2, 1, 4), jnp.float32))
+    with pytest.raises(ValueError, match="rows"):
+        merge.merge_splits(jnp.zeros((2, 1, 6, 64)), jnp.zeros((2, 1, 6), jnp.float32))
+    with pytest.raises(ValueError, match="out"):
+        merge.merge_splits(o, jnp.zeros((2, 1, 8), jnp.float32), out=jnp.zeros((1, 8, 32)))
+
+
+def test_mosaic_refuses_an_unknown_merge():
+    from pallas_kernels.mla_attention import mosaic_gpu
+    with pytest.raises(ValueError, match="merge must be one of"):
+        mosaic_gpu.mla_attention_mosaic(jnp.zeros((1, 1, 1, 64)), jnp.zeros((1, 128, 64)), jnp.zeros((1,), jnp.int32),
+                                        jnp.zeros((1, 1, 1), jnp.int32), scale=0.1, v_dim=32, merge="nope")
