@@ -34,13 +34,17 @@ MIN_DOT_K = 16      # the smallest K of a 16-bit tensor-core product
 
 def dot_f32(a, b, contract_b: int):
     """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N], inside a kernel.
-    16-bit operands with contract_b=1 and K below MIN_DOT_K are multiplied as a float32
-    broadcast-multiply-sum (exact): on the H200, Triton's 16-bit dot with K = 8 (an MLA rope width
-    of 8) gave wrong results (rel err 0.25-0.53 at every tested shape, BENCHMARKS.md issue 5,
-    session 24) where interpret mode was right; float32 with K = 8 was right. Pallas:Triton cannot
-    pad K instead: it concatenates only [..., 1] pieces."""
-    if contract_b == 1 and a.shape[1] < MIN_DOT_K and a.dtype.itemsize == 2:
-        return (a.astype(jnp.float32)[:, None, :] * b.astype(jnp.float32)[None, :, :]).sum(axis=2)
+    16-bit operands with K below MIN_DOT_K are multiplied as a float32 broadcast-multiply-sum
+    (exact): on the H200, Triton's 16-bit dot with K = 8 (an MLA rope width of 8, contract_b=1)
+    gave wrong results (rel err 0.25-0.53 at every tested shape, BENCHMARKS.md issue 5, session
+    24) where interpret mode was right; float32 with K = 8 was right. contract_b=0 with K < 16 was
+    not probed and takes the same exact path. Pallas:Triton cannot pad K instead: it concatenates
+    only [..., 1] pieces."""
+    if a.shape[1] < MIN_DOT_K and a.dtype.itemsize == 2:
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        if contract_b:
+            return (a[:, None, :] * b[None, :, :]).sum(axis=2)                       # [M, N, K]
+        return (a[:, :, None] * b[None, :, :]).sum(axis=1)                            # [M, K, N]
     return jax.lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32)
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import registry
-from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
+from pallas_kernels.pallas_compat import dot_f32, interpret_mode, pl, plgpu
 
 BLOCK_ROWS = 16   # rows per program: one dot tile, so even 16 streams spread over many SMs
 
@@ -55,8 +55,7 @@ def _kernel(x_ref, pos_ref, freq_ref, *refs, rows: int, d: int, hd: int, nq: int
         def part(cols):
             w = plgpu.load(w_ref.at[col[:, None], (head * hd + cols)[None, :]], mask=cok[:, None],
                            other=0).astype(dt)
-            y = jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
+            y = dot_f32(x, w, 0)
             return y.astype(dt).astype(jnp.float32)
         return part(lo_cols), part(hi_cols)
 
