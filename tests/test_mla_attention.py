@@ -451,9 +451,9 @@ def test_mosaic_split_count():
     assert mosaic_gpu.split_count(64, 32776) == 2
     assert mosaic_gpu.split_count(100, 32776) == 1         # 2 runs would not fit one wave
     assert mosaic_gpu.split_count(8, 32776) == 16
-    assert mosaic_gpu.split_count(1, 8200) == 64           # 8200 slots: 64 runs of one pair at most
+    assert mosaic_gpu.split_count(1, 8200) == 65           # 8192 + 1 keys: 64 whole pairs + 1 tail pair
     assert mosaic_gpu.split_count(1, 32776) == 132         # one wave
-    assert mosaic_gpu.split_count(4, 300) == 2             # two pairs in the cache
+    assert mosaic_gpu.split_count(4, 300) == 3             # two whole pairs and a tail pair
     assert mosaic_gpu.split_count(4, 100) == 1
 
 

@@ -400,10 +400,14 @@ def split_count(ctas: int, slots: int) -> int:
     second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, sessions 20-22), at ctx 32k,
     Q 1, S 16 (16 CTAs) the whole operation took 0.268 ms with 9 runs (144 CTAs) and 0.172 ms
     with 8; at ctx 8k, Q 1, S 1 the kernel took 23.0 / 16.2 / 13.3 us of device time with 16 /
-    32 / 64 runs (session 22: a run's fixed cost is about 7 us, a pair 3-4 us)."""
+    32 / 64 runs (session 22: a run's fixed cost is about 7 us, a pair 3-4 us). A stream walks at
+    most ceil(slots / PAIR) pairs (its whole pairs and its tail pair; 65 for 8192 + 1 keys in 8200
+    slots), so up to that many runs each get one pair: at 8192 + 1 keys, kernel + merge took 14.9
+    us with 65 runs against 17.8 with 64 (one run of two pairs), and 18.0 against 19.9 at S 2
+    (session 26)."""
     if ctas >= FILL_CTAS:
         return 1
-    return max(1, min(FILL_CTAS // ctas, slots // (PAIR * MIN_SPLIT_PAIRS)))
+    return max(1, min(FILL_CTAS // ctas, -(-slots // (PAIR * MIN_SPLIT_PAIRS))))
 
 
 def tail_words(ctx_lens, node_mask, pairs, num_q: int):
