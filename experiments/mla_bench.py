@@ -67,7 +67,7 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation inside
 flags.DEFINE_list("mosaic_splits", [], "with --impls=mosaic_gpu: also time it with each of these run counts "
                   "per stream (rows 'mosaic_gpu sN'; the default row uses mosaic_gpu.split_count's rule)")
 flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it with each of these merges of "
-                  "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'xla')")
+                  "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'auto')")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3

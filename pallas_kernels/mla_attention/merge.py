@@ -9,8 +9,9 @@ column block) walks the K parts kc at a time (kc independent [BR, BC] loads per 
 partial sums stay in each thread's registers: a [kc, BR, BC] tile reduced over its first axis
 compiled to 164 shuffles and a shared-memory round trip per step), first the row maxima from
 lse2, then the weighted sums, and writes the output dtype. The grid gives the GPU enough
-programs even for one stream (8 rows x 64 or 32 columns each). `mla_attention_mosaic(merge=
-"pallas")` uses it; "xla" (`combine_splits`) stays the default.
+programs even for one stream (8 rows x 64 or 32 columns each). `mla_attention_mosaic` uses it
+for up to 16 runs per stream (`mosaic_gpu.merge_for`): each program walks the runs in series, so
+at 64-132 runs XLA's reductions are faster (session 26, BENCHMARKS.md issue 5).
 """
 
 from __future__ import annotations

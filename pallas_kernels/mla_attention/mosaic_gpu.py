@@ -20,8 +20,8 @@ CTAs of consecutive row blocks of one stream run as a cluster whose key slots re
 every CTA has consumed them, so they read each key tile from L2 at about the same time.
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
 With too few row blocks to fill the GPU (one stream with a small tree, plain decode), each
-stream's pairs are split into runs, one CTA each, whose parts XLA merges (`split_count`,
-`combine_splits`; flash-decoding).
+stream's pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
+decoding): by one Pallas:Triton kernel up to 16 runs, by XLA's `combine_splits` above (`merge_for`).
 
 Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-24): no register spills; the
 whole operation reaches 80-90% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
@@ -84,7 +84,7 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
     splits > 1 splits each stream's pairs + tail_pairs into `splits` runs of ceil(total / splits),
     one CTA each (flash-decoding, for shapes with too few row blocks to fill the GPU), and returns
     each run's part: (O [splits, S, R, v_dim] in q.dtype, lse2 [splits, S, R] float32);
-    `combine_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
+    `combine_splits` or `merge.merge_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
     reads; the merge's weights come from the float32 lse).
     epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
     from the accumulator's registers (the slower form, kept for the A/B of mla_mosaic_probe.py).
@@ -466,18 +466,29 @@ def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
     return cluster, splits
 
 
-MERGES = ("xla", "pallas")   # how split runs are merged: combine_splits, or merge.merge_splits
+MERGES = ("auto", "xla", "pallas")   # how split runs are merged: by merge_for's rule, combine_splits,
+                                     # or merge.merge_splits
+PALLAS_MERGE_MAX_PARTS = 16
+
+
+def merge_for(splits: int) -> str:
+    """merge="auto"'s choice for `splits` runs per stream: the one-kernel merge up to
+    PALLAS_MERGE_MAX_PARTS runs, XLA's above. Its programs walk the runs in series, so XLA's
+    reductions win at many runs. On the H200 (session 26, BENCHMARKS.md issue 5; merge alone,
+    device us, XLA / Pallas): 16 runs x 8 streams 5.5 / 2.9, 8 x 16 3.4 / 2.9, 8 x 1 2.1 / 1.4,
+    but 64 x 1 6.2 / 14.0, 65 x 1 7.0 / 6.2, 132 x 1 8.3 / 13.0."""
+    return "pallas" if splits <= PALLAS_MERGE_MAX_PARTS else "xla"
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits", "merge"))
 def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                          heads_first: bool = False, q_rope=None, context=context_attention,
-                         splits: int | None = None, merge: str = "xla"):
+                         splits: int | None = None, merge: str = "auto"):
     """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
     node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
     context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
     stream's context is split into (None: `split_count`'s rule). merge: how the runs are merged
-    (MERGES: XLA's combine_splits, or one Pallas:Triton kernel)."""
+    (MERGES: `merge_for`'s rule, XLA's combine_splits, or one Pallas:Triton kernel)."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     num_s, a, b, _ = q.shape
@@ -487,6 +498,7 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         out, _ = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
         parts = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits)
+        merge = merge_for(splits) if merge == "auto" else merge
         out = (merge_splits(*parts, q.dtype) if merge == "pallas"
                else combine_splits(*parts).astype(q.dtype))
     return out[:, :a * b].reshape(num_s, a, b, v_dim)
