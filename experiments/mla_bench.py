@@ -57,7 +57,7 @@ flags.DEFINE_list("impls", ["pallas_triton", "xla"],
                   "implementations to time: pallas_triton (with --configs), mosaic_gpu, xla, and auto "
                   "(what impl=\"auto\" runs: registry.get(\"mla_attention\", \"auto\"), its shape rule included)")
 flags.DEFINE_bool("parts", False, "two-pass configs: also time pass 1 (scores) and pass 2 (P @ V) alone; "
-                  "mosaic_gpu: its XLA prep (query rows, tail words), kernel and combine alone (mosaic_parts)")
+                  "mosaic_gpu: its XLA prep (query rows, tail words), kernel and merge alone (mosaic_parts)")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new shape once the sweep has run this long (seconds)")
 flags.DEFINE_bool("in_graph", True, "also time each call inside one jitted program of several calls "
                   "(time_in_graph): without the host's per-call dispatch, as in a model step")
@@ -219,8 +219,9 @@ def two_pass_parts(args, cfg, scale: float, v_dim: int, sets) -> dict:
 def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
     """mosaic_gpu's wrapper (mla_attention_mosaic) in its parts, each timed in-graph on args:
     prep (the query padding and the tail's mask words: mosaic_gpu.prepare), the kernel,
-    and, where the context is split, combine_splits. context: the kernel (default) or its XLA
-    twin (CPU tests)."""
+    and, where the context is split, the merge of its runs that the wrapper takes
+    (mosaic_gpu.merge_runs, "auto"; named in "merge"). context: the kernel (default) or its
+    XLA twin (CPU tests)."""
     context = context or mosaic_gpu.context_attention
     prep = jax.jit(mosaic_gpu.prepare)
     prepared = [prep(*a) for a in args]
@@ -229,7 +230,10 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
     out = dict(splits=splits, prep_ms=time_in_graph(prep, args) * 1e3,
                kernel_ms=time_in_graph(kernel, prepared) * 1e3)
     if splits > 1:
-        out["combine_ms"] = time_in_graph(jax.jit(mosaic_gpu.combine_splits), [kernel(*p) for p in prepared]) * 1e3
+        dtype = args[0][0].dtype
+        merge = jax.jit(lambda o, lse: mosaic_gpu.merge_runs(o, lse, dtype))
+        out.update(merge=mosaic_gpu.merge_for(splits),
+                   merge_ms=time_in_graph(merge, [kernel(*p) for p in prepared]) * 1e3)
     return out
 
 
@@ -337,7 +341,7 @@ def _fmt(r: dict) -> str:
     err += f" xla={r['rel_err_vs_xla']:.1e}" if "rel_err_vs_xla" in r else ""
     if "prep_ms" in r:
         err += (f" | {r['splits']} runs: prep {r['prep_ms']:.3f} ms, kernel {r['kernel_ms']:.3f} ms"
-                + (f", combine {r['combine_ms']:.3f} ms" if "combine_ms" in r else ""))
+                + (f", merge ({r['merge']}) {r['merge_ms']:.3f} ms" if "merge_ms" in r else ""))
     if "scores_ms" in r:
         err += (f" | scores {r['scores_ms']:.3f} ms {r['scores_tflops']:.0f} TF/s, "
                 f"P@V {r['pv_ms']:.3f} ms {r['pv_tflops']:.0f} TF/s")

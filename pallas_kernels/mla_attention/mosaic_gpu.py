@@ -480,6 +480,15 @@ def merge_for(splits: int) -> str:
     return "pallas" if splits <= PALLAS_MERGE_MAX_PARTS else "xla"
 
 
+def merge_runs(o, lse, out_dtype, merge: str = "auto"):
+    """The split runs' parts (O [K, S, R, v], lse2 [K, S, R] float32) -> O [S, R, v] out_dtype,
+    merged as `merge` says (MERGES; "auto": `merge_for(K)`)."""
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
+    merge = merge_for(o.shape[0]) if merge == "auto" else merge
+    return merge_splits(o, lse, out_dtype) if merge == "pallas" else combine_splits(o, lse).astype(out_dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits", "merge"))
 def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                          heads_first: bool = False, q_rope=None, context=context_attention,
@@ -497,10 +506,8 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     if splits == 1:
         out, _ = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
-        parts = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits)
-        merge = merge_for(splits) if merge == "auto" else merge
-        out = (merge_splits(*parts, q.dtype) if merge == "pallas"
-               else combine_splits(*parts).astype(q.dtype))
+        out = merge_runs(*context(*operands, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits),
+                         q.dtype, merge)
     return out[:, :a * b].reshape(num_s, a, b, v_dim)
 
 
