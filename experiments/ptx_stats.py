@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import json
 import os
 import re
@@ -287,9 +288,10 @@ def dump_tree_accept(streams, *, out_dir) -> list[dict]:
     return manifest
 
 
-def dump_mla_merge(parts, streams, *, rows=64, v_dim=512, out_dir) -> list[dict]:
+def dump_mla_merge(parts, streams, forms=("rows",), *, rows=64, v_dim=512, out_dir) -> list[dict]:
     """Lower the split runs' merge kernel (pallas_kernels/mla_attention/merge.py) for each part
-    count K and stream count S (bf16 parts of `rows` rows, bf16 output), and write its TTIR."""
+    count K, stream count S and form spec ("rows", or "parts:KCxWARPS"; bf16 parts of `rows`
+    rows, bf16 output), and write its TTIR."""
     import jax
     import jax.numpy as jnp
 
@@ -297,15 +299,16 @@ def dump_mla_merge(parts, streams, *, rows=64, v_dim=512, out_dir) -> list[dict]
 
     manifest = []
     with _Capture(merge) as cap:
-        for k in parts:
-            for num_s in streams:
-                specs = (jax.ShapeDtypeStruct((k, num_s, rows, v_dim), jnp.bfloat16),
-                         jax.ShapeDtypeStruct((k, num_s, rows), jnp.float32))
-                jax.jit(lambda o, lse: merge.merge_splits(o, lse, jnp.bfloat16)).trace(*specs).lower(
-                    lowering_platforms=("cuda",))
-                key = f"mla_merge K={k} S={num_s}"
-                manifest.append(dict(key=key, config=f"mla_merge K={k}", q=num_s, splits=k,
-                                     ttir=_write(out_dir, key, cap.modules[-1]), num_warps=4, num_stages=2))
+        for k, num_s, spec in itertools.product(parts, streams, forms):
+            form, _, shape = spec.partition(":")
+            kc, warps = (int(x) for x in shape.split("x")) if shape else (merge.KC, merge.WARPS)
+            specs = (jax.ShapeDtypeStruct((k, num_s, rows, v_dim), jnp.bfloat16),
+                     jax.ShapeDtypeStruct((k, num_s, rows), jnp.float32))
+            jax.jit(lambda o, lse: merge.merge_splits(o, lse, jnp.bfloat16, kc=kc, warps=warps, form=form)
+                    ).trace(*specs).lower(lowering_platforms=("cuda",))
+            key = f"mla_merge {form} kc{kc} w{warps} K={k} S={num_s}"
+            manifest.append(dict(key=key, config=f"mla_merge {form} kc{kc} w{warps} K={k}", q=num_s, splits=k,
+                                 ttir=_write(out_dir, key, cap.modules[-1]), num_warps=warps, num_stages=2))
     return manifest
 
 
@@ -362,7 +365,7 @@ def main(_):
             head = (f"drafter block attention, (S, b, H, KV, hd) = {dims}, sm_90a", "N")
         elif f.kernel == "mla_merge":
             manifest = dump_mla_merge([int(x) for x in f.merge_parts], [int(x) for x in f.small_streams],
-                                      out_dir=d)
+                                      f.merge_forms, out_dir=d)
             head = ("MLA split runs' merge, 64 rows x 512 columns per stream, bf16, sm_90a", "S")
         elif f.kernel in ("drafter_qkv", "tree_accept"):
             dump = dump_drafter_qkv if f.kernel == "drafter_qkv" else dump_tree_accept
@@ -402,6 +405,8 @@ if __name__ == "__main__":
         flags.DEFINE_string("ttir_dir", "", "keep each kernel's TTIR (as lowered, and after the TTIR stage) here")
         flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept, mla_merge: stream counts")
         flags.DEFINE_list("merge_parts", ["8", "16", "64", "132"], "mla_merge: split runs K")
+        flags.DEFINE_list("merge_forms", ["rows"], "mla_merge: forms, 'rows' (merge.merge_splits' default kc and "
+                          "warps) or 'FORM:KCxWARPS'")
         flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept", "mla_merge"],
                           "which Pallas:Triton kernel to compile")
         flags.DEFINE_list("configs", ["32x64x4x2"], "mla: one-pass BMxBNxWARPSxSTAGES or two-pass tpMxNxWxS-MxVxKxWxS")

@@ -18,22 +18,27 @@ def golden(o, lse):
     return (w[..., None] * o).sum(0) / np.where(den > 0, den, 1.0)[..., None]
 
 
+@pytest.mark.parametrize("form", merge.FORMS)
 @pytest.mark.parametrize("k,s,r,v,kc,dtype", [(1, 1, 8, 64, 16, jnp.bfloat16), (3, 2, 16, 128, 2, jnp.float32),
-                                              (16, 1, 64, 64, 16, jnp.bfloat16), (13, 3, 8, 64, 4, jnp.bfloat16)])
-def test_merge_matches_golden(k, s, r, v, kc, dtype):
+                                              (16, 1, 64, 64, 16, jnp.bfloat16), (13, 3, 8, 64, 4, jnp.bfloat16),
+                                              (5, 1, 8, 32, 16, jnp.float32)])
+def test_merge_matches_golden(k, s, r, v, kc, dtype, form):
+    """K = 13 by 4 and K = 5 by (at most) 4: "parts" re-reads parts in its last step and must
+    count them once."""
     rng = fresh_rng()
     o = jnp.asarray(rng.standard_normal((k, s, r, v)), dtype)
     lse = (rng.standard_normal((k, s, r)) * 4).astype(np.float32)
     lse[0, 0, :2] = -np.inf                  # a part that saw no key for two rows
     if k > 1:
         lse[:, -1, 3] = -np.inf              # a row no part saw
-    out = merge.merge_splits(o, jnp.asarray(lse), jnp.float32, jnp.full((s, r, v), jnp.nan, jnp.float32), kc=kc)
+    out = merge.merge_splits(o, jnp.asarray(lse), jnp.float32, jnp.full((s, r, v), jnp.nan, jnp.float32), kc=kc,
+                             form=form)
     want = golden(o, lse)
     assert np.all(np.isfinite(np.asarray(out)))
     if k > 1:
         assert np.all(np.asarray(out)[-1, 3] == 0)
     assert_close(out, want, 1e-6, f"merge K{k} S{s}")
-    out16 = merge.merge_splits(o, jnp.asarray(lse), jnp.bfloat16, kc=kc)
+    out16 = merge.merge_splits(o, jnp.asarray(lse), jnp.bfloat16, kc=kc, form=form)
     assert out16.dtype == jnp.bfloat16
     assert_close(out16, want, 8e-3, f"merge K{k} S{s} bf16 out")
 
@@ -46,6 +51,10 @@ def test_merge_refuses_bad_shapes():
         merge.merge_splits(jnp.zeros((2, 1, 6, 64)), jnp.zeros((2, 1, 6), jnp.float32))
     with pytest.raises(ValueError, match="out"):
         merge.merge_splits(o, jnp.zeros((2, 1, 8), jnp.float32), out=jnp.zeros((1, 8, 32)))
+    with pytest.raises(ValueError, match="form"):
+        merge.merge_splits(o, jnp.zeros((2, 1, 8), jnp.float32), form="columns")
+    with pytest.raises(ValueError, match="kc"):
+        merge.merge_splits(o, jnp.zeros((2, 1, 8), jnp.float32), kc=12)
 
 
 def test_mosaic_refuses_an_unknown_merge():

@@ -12,6 +12,9 @@ lse2, then the weighted sums, and writes the output dtype. The grid gives the GP
 programs even for one stream (8 rows x 64 or 32 columns each). `mla_attention_mosaic` uses it
 for up to 16 runs per stream (`mosaic_gpu.merge_for`): each program walks the runs in series, so
 at 64-132 runs XLA's reductions are faster (session 26, BENCHMARKS.md issue 5).
+form="parts" (`_kernel_parts`, compiled offline but not yet timed) is the candidate for many
+runs: one online pass over [kc, 8, BC] tiles with 2-8 warps per program, so that more parts are
+in flight at once; the reduction over the parts costs shuffles and shared memory per step.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 BR = 8              # rows per program
 MIN_PROGRAMS = 264  # two per SM of an H100 / H200: below, programs take 32 columns instead of 64
+KC, WARPS = 16, 1   # parts per loop step, warps per program (the H200 probe's pick, session 26)
 
 
 def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
@@ -60,12 +64,46 @@ def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
     out_ref[s, rows, cols] = (acc / jnp.where(den > 0, den, 1.0)[:, None]).astype(out_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "kc", "warps"))
-def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, kc: int = 16, warps: int = 1):
+def _kernel_parts(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
+    """form="parts": one pass; each step loads kc parts as one [kc, BR] lse tile and one
+    [kc, BR, BC] O tile, rescales the running sums to the new row maxima (online, as flash
+    attention does) and adds the tile reduced over its parts. The last step starts at parts - kc
+    (kc <= parts) and masks the parts it re-reads, so no load leaves the arrays."""
+    out_ref = refs[-1]
+    s, rb, cb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    rows, cols = pl.ds(rb * BR, BR), pl.ds(cb * bc, bc)
+
+    def step(c, carry):
+        top, acc, den = carry                                                          # [BR], [BR, BC], [BR]
+        start = jnp.minimum(c * kc, parts - kc)
+        fresh = start + jax.lax.broadcasted_iota(jnp.int32, (kc, BR), 0) >= c * kc
+        lse = jnp.where(fresh, plgpu.load(lse_ref.at[pl.ds(start, kc), s, rows]), -jnp.inf)    # [kc, BR]
+        o = plgpu.load(o_ref.at[pl.ds(start, kc), s, rows, cols]).astype(jnp.float32)          # [kc, BR, BC]
+        new_top = jnp.maximum(top, lse.max(0))
+        ref = jnp.where(new_top == -jnp.inf, 0.0, new_top)                             # no key yet: weights 0
+        w, keep = jnp.exp2(lse - ref[None]), jnp.exp2(top - ref)
+        return new_top, acc * keep[:, None] + (w[:, :, None] * o).sum(0), den * keep + w.sum(0)
+
+    init = (jnp.full((BR,), -jnp.inf, jnp.float32), jnp.zeros((BR, bc), jnp.float32), jnp.zeros((BR,), jnp.float32))
+    _, acc, den = jax.lax.fori_loop(0, -(-parts // kc), step, init)
+    out_ref[s, rows, cols] = (acc / jnp.where(den > 0, den, 1.0)[:, None]).astype(out_ref.dtype)
+
+
+FORMS = ("rows", "parts")   # _kernel (one part per load, two passes) or _kernel_parts
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "kc", "warps", "form"))
+def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, kc: int = KC, warps: int = WARPS,
+                 form: str = "rows"):
     """O [K, S, R, v] (any float dtype), lse2 [K, S, R] float32 -> O [S, R, v] out_dtype, merged
     by log-sum-exp in float32 (zeros where no part saw a key); R % 8 == 0, v % 32 == 0.
     out: a buffer of the result's shape and dtype to write into (e.g. NaN-poisoned, in tests);
-    kc: parts per loop step; warps: per program."""
+    kc: parts per loop step (a power of two; "parts" takes at most K's largest power of two);
+    warps: per program; form: FORMS (the H200 timed "rows" only, session 26)."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    if kc < 1 or kc & (kc - 1):
+        raise ValueError(f"kc must be a power of two, got {kc}")
     parts, num_s, rows, v = o.shape
     if lse.shape != (parts, num_s, rows) or lse.dtype != jnp.float32:
         raise ValueError(f"lse: expected float32 {(parts, num_s, rows)}, got {lse.dtype} {lse.shape}")
@@ -75,8 +113,12 @@ def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, kc: int = 16, warps
     shape = jax.ShapeDtypeStruct((num_s, rows, v), out_dtype)
     if out is not None and (out.shape, out.dtype) != (shape.shape, shape.dtype):
         raise ValueError(f"out: expected {shape.dtype} {shape.shape}, got {out.dtype} {out.shape}")
+    if form == "parts":
+        kernel = functools.partial(_kernel_parts, kc=min(kc, 1 << (parts.bit_length() - 1)))
+    else:
+        kernel = functools.partial(_kernel, kc=kc)
     return pl.pallas_call(
-        functools.partial(_kernel, parts=parts, bc=bc, kc=kc),
+        functools.partial(kernel, parts=parts, bc=bc),
         out_shape=shape, grid=(num_s, rows // BR, v // bc),
         input_output_aliases={} if out is None else {2: 0},
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=2),
