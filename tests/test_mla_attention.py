@@ -458,6 +458,31 @@ def test_mosaic_split_count():
     assert mosaic_gpu.split_count(4, 100) == 1
 
 
+@pytest.mark.parametrize("num_q", [1, 5, 32, 33, 64, 100, 129])
+def test_mosaic_tail_words_match_golden(num_q):
+    """tail_words against the bits written key by key from their definition: ones for the tail's
+    context keys, then node_mask's first Q bits (its bits past Q are random and must be ignored);
+    contexts of 0, whole pairs, a pair minus one key, random."""
+    rng = fresh_rng()
+    ctx = np.array([0, 128 * rng.integers(1, 9), 128 * rng.integers(1, 9) - 1, rng.integers(1, 3000)], np.int32)
+    words = -(-num_q // 32)
+    node_mask = rng.integers(0, 2 ** 32, (4, num_q, words), dtype=np.uint64).astype(np.uint32)
+    pairs = ctx // mosaic_gpu.PAIR
+    got, tail_pairs = mosaic_gpu.tail_words(jnp.asarray(ctx), jnp.asarray(node_mask.view(np.int32)),
+                                            jnp.asarray(pairs), num_q)
+    got = np.asarray(got).view(np.uint32)
+    num_words = 4 * -(-(mosaic_gpu.PAIR - 1 + num_q) // mosaic_gpu.PAIR)
+    assert got.shape == (4, num_q, num_words)
+    for s in range(4):
+        c = ctx[s] - mosaic_gpu.PAIR * pairs[s]
+        assert tail_pairs[s] == -(-(c + num_q) // mosaic_gpu.PAIR)
+        for node in range(num_q):
+            for t in range(32 * num_words):
+                u = t - c
+                want = u < 0 or (u < num_q and (node_mask[s, node, u // 32] >> (u % 32)) & 1 == 1)
+                assert ((got[s, node, t // 32] >> (t % 32)) & 1 == 1) == want, (s, node, t)
+
+
 def test_mosaic_merge_for():
     """merge="auto": the one-kernel merge for up to 16 runs per stream, XLA's for more."""
     assert [mosaic_gpu.merge_for(k) for k in (2, 8, 16, 17, 65, 132)] == ["pallas"] * 3 + ["xla"] * 3

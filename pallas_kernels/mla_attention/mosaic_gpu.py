@@ -47,6 +47,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pallas_kernels import registry
@@ -414,18 +415,28 @@ def tail_words(ctx_lens, node_mask, pairs, num_q: int):
     """The tail's visibility per tree node: bit t % 32 of word t // 32 (int32 [S, Q, W], W = 4 x
     the most tail pairs) set where key PAIR * pairs[s] + t is the rest of the context (below
     ctx_lens[s]) or tree token u = key - ctx_lens[s] < Q that the node sees (node_mask's bit u).
-    Also each stream's tail pairs [S]: those that hold its last context keys and its Q tree tokens."""
-    num_s = ctx_lens.shape[0]
+    Also each stream's tail pairs [S]: those that hold its last context keys and its Q tree tokens.
+    With c = ctx_lens - PAIR * pairs context keys in the tail, the bits are c ones, then node_mask's
+    first Q bits shifted up by c: word w = ones(w) | mask[w - c // 32] << c % 32 | mask[w - c // 32
+    - 1] >> (32 - c % 32). Elementwise ops and a small gather, no reduction, so XLA can fuse it with
+    `prepare`'s broadcast to rows."""
+    num_s, _, mask_words = node_mask.shape
     num_words = 4 * -(-(PAIR - 1 + num_q) // PAIR)
-    key = (PAIR * pairs)[:, None] + jnp.arange(32 * num_words)                         # [S, T]
-    u = key - ctx_lens[:, None]
-    uc = jnp.clip(u, 0, num_q - 1)
-    word = jnp.take_along_axis(node_mask, jnp.broadcast_to((uc // 32)[:, None, :], (num_s, num_q, uc.shape[1])),
-                               axis=2)                                                 # [S, Q, T]
-    sees = (lax.shift_right_logical(word, (uc % 32)[:, None, :]) & 1) == 1
-    ok = (u < 0)[:, None, :] | ((u < num_q)[:, None, :] & sees)                          # [S, Q, T]
-    shifts = jnp.arange(32, dtype=jnp.uint32)
-    words = (ok.reshape(num_s, num_q, num_words, 32).astype(jnp.uint32) << shifts).sum(axis=-1, dtype=jnp.uint32)
+    keep = np.array([(1 << min(32, max(0, num_q - 32 * i))) - 1 for i in range(mask_words)], np.uint32)
+    mask = lax.bitcast_convert_type(node_mask, jnp.uint32) & keep                      # bits >= Q cleared
+    c = ctx_lens - PAIR * pairs                                                          # [S], 0 .. PAIR - 1
+    first = jnp.arange(num_words)[None, :] - (c // 32)[:, None]                          # [S, W]
+
+    def mask_word(i):                                                                    # [S, W] -> [S, Q, W]
+        got = jnp.take_along_axis(mask, jnp.broadcast_to(jnp.clip(i, 0, mask_words - 1)[:, None, :],
+                                                         (num_s, num_q, num_words)), axis=2)
+        return jnp.where(((i >= 0) & (i < mask_words))[:, None, :], got, jnp.uint32(0))
+
+    b = (c % 32).astype(jnp.uint32)[:, None, None]
+    low = jnp.where(b == 0, jnp.uint32(0), lax.shift_right_logical(mask_word(first - 1), jnp.uint32(32) - b))
+    ones_n = jnp.clip(c[:, None] - 32 * jnp.arange(num_words)[None, :], 0, 32).astype(jnp.uint32)   # [S, W]
+    ones = jnp.where(ones_n == 32, jnp.uint32(0xFFFFFFFF), (jnp.uint32(1) << ones_n) - 1)
+    words = (mask_word(first) << b) | low | ones[:, None, :]
     tail_pairs = (ctx_lens - PAIR * pairs + num_q + PAIR - 1) // PAIR
     return lax.bitcast_convert_type(words, jnp.int32), tail_pairs
 
