@@ -38,6 +38,7 @@ import numpy as np
 from ddtree_jax import bench_util
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
+from pallas_kernels.mla_attention import merge as mla_merge
 from pallas_kernels.mla_attention import mosaic_gpu, pallas_triton, two_pass, visibility_to_mask, xla
 from pallas_kernels.mla_attention.reference import mla_attention_reference
 
@@ -67,7 +68,7 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation inside
 flags.DEFINE_list("mosaic_splits", [], "with --impls=mosaic_gpu: also time it with each of these run counts "
                   "per stream (rows 'mosaic_gpu sN'; the default row uses mosaic_gpu.split_count's rule)")
 flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it with each of these merges of "
-                  "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'auto')")
+                  "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'pallas')")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3
@@ -220,8 +221,8 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
     """mosaic_gpu's wrapper (mla_attention_mosaic) in its parts, each timed in-graph on args:
     prep (the query padding and the tail's mask words: mosaic_gpu.prepare), the kernel,
     and, where the context is split, the merge of its runs that the wrapper takes
-    (mosaic_gpu.merge_runs, "auto"; named in "merge"). context: the kernel (default) or its
-    XLA twin (CPU tests)."""
+    (mosaic_gpu.merge_runs' default: the Pallas merge, its form named in "merge"). context: the
+    kernel (default) or its XLA twin (CPU tests)."""
     context = context or mosaic_gpu.context_attention
     prep = jax.jit(mosaic_gpu.prepare)
     prepared = [prep(*a) for a in args]
@@ -232,7 +233,7 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
     if splits > 1:
         dtype = args[0][0].dtype
         merge = jax.jit(lambda o, lse: mosaic_gpu.merge_runs(o, lse, dtype))
-        out.update(merge=mosaic_gpu.merge_for(splits),
+        out.update(merge=mla_merge.form_for(splits),
                    merge_ms=time_in_graph(merge, [kernel(*p) for p in prepared]) * 1e3)
     return out
 

@@ -288,10 +288,10 @@ def dump_tree_accept(streams, *, out_dir) -> list[dict]:
     return manifest
 
 
-def dump_mla_merge(parts, streams, forms=("rows",), *, rows=64, v_dim=512, out_dir) -> list[dict]:
+def dump_mla_merge(parts, streams, forms=("auto",), *, rows=64, v_dim=512, out_dir) -> list[dict]:
     """Lower the split runs' merge kernel (pallas_kernels/mla_attention/merge.py) for each part
-    count K, stream count S and form spec ("rows", or "parts:KCxWARPS"; bf16 parts of `rows`
-    rows, bf16 output), and write its TTIR."""
+    count K, stream count S and form spec ("auto": merge.form_for(K); "rows" / "parts": that form's
+    merge.STEP; "FORM:KCxWARPS"; bf16 parts of `rows` rows, bf16 output), and write its TTIR."""
     import jax
     import jax.numpy as jnp
 
@@ -301,7 +301,8 @@ def dump_mla_merge(parts, streams, forms=("rows",), *, rows=64, v_dim=512, out_d
     with _Capture(merge) as cap:
         for k, num_s, spec in itertools.product(parts, streams, forms):
             form, _, shape = spec.partition(":")
-            kc, warps = (int(x) for x in shape.split("x")) if shape else (merge.KC, merge.WARPS)
+            form = merge.form_for(k) if form == "auto" else form
+            kc, warps = (int(x) for x in shape.split("x")) if shape else merge.STEP[form]
             specs = (jax.ShapeDtypeStruct((k, num_s, rows, v_dim), jnp.bfloat16),
                      jax.ShapeDtypeStruct((k, num_s, rows), jnp.float32))
             jax.jit(lambda o, lse: merge.merge_splits(o, lse, jnp.bfloat16, kc=kc, warps=warps, form=form)
@@ -405,8 +406,8 @@ if __name__ == "__main__":
         flags.DEFINE_string("ttir_dir", "", "keep each kernel's TTIR (as lowered, and after the TTIR stage) here")
         flags.DEFINE_list("small_streams", ["1", "16"], "drafter_qkv, tree_accept, mla_merge: stream counts")
         flags.DEFINE_list("merge_parts", ["8", "16", "64", "132"], "mla_merge: split runs K")
-        flags.DEFINE_list("merge_forms", ["rows"], "mla_merge: forms, 'rows' (merge.merge_splits' default kc and "
-                          "warps) or 'FORM:KCxWARPS'")
+        flags.DEFINE_list("merge_forms", ["auto"], "mla_merge: forms, 'auto' (merge.form_for), 'rows' / 'parts' "
+                          "(with merge.STEP's kc and warps) or 'FORM:KCxWARPS'")
         flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept", "mla_merge"],
                           "which Pallas:Triton kernel to compile")
         flags.DEFINE_list("configs", ["32x64x4x2"], "mla: one-pass BMxBNxWARPSxSTAGES or two-pass tpMxNxWxS-MxVxKxWxS")

@@ -97,7 +97,7 @@ def test_mla_mosaic_probe_reads_the_ptxas_report():
 def test_mla_bench_mosaic_parts_with_the_twin():
     """mla_bench.mosaic_parts on the CPU, the kernel's XLA twin in its place: 1100 + 2 keys (8
     whole pairs and a tail pair) give one stream's single row block 9 runs of one pair (launch),
-    so prep, kernel and merge (the Pallas one, in interpret mode) are each timed; the parts, run in
+    so prep, kernel and merge (the Pallas one, "rows" form, in interpret mode) are each timed; the parts, run in
     order, give the wrapper's output."""
     import jax
     import numpy as np
@@ -106,7 +106,7 @@ def test_mla_bench_mosaic_parts_with_the_twin():
     args = mla_bench.make_inputs(jax.random.key(3), 1, 3, 4, 48, 1100, 1112, 2)
     twin = mosaic_gpu.context_attention_xla
     got = mla_bench.mosaic_parts(args, 0.2, 32, context=twin)
-    assert got["splits"] == 9 and got["merge"] == "pallas", got
+    assert got["splits"] == 9 and got["merge"] == "rows", got   # merge.form_for(9)
     assert min(got["prep_ms"], got["kernel_ms"], got["merge_ms"]) > 0, got
     prepared = mosaic_gpu.prepare(*args[0])
     o = mosaic_gpu.merge_runs(*twin(*prepared, scale=0.2, v_dim=32, splits=9), args[0][0].dtype)

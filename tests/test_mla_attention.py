@@ -400,12 +400,12 @@ MOSAIC_CASES = [  # (id, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): a
 
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"case{c[0]}")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("splits,merge", [(None, "auto"), (3, "xla"), (3, "pallas")])
+@pytest.mark.parametrize("splits,merge", [(None, "pallas"), (3, "xla"), (3, "pallas"), (18, "pallas")])
 def test_mosaic_parts_around_the_kernel(case, dtype, splits, merge):
     """mosaic_gpu's XLA work around the kernel (`prepare`: query rows and the tail's mask words),
     with the kernel replaced by its XLA twin: equals the golden; splits=3: each stream's pairs
-    split into 3 runs (some empty) merged by combine_splits or by the Pallas merge kernel; None:
-    split_count's runs, merged by merge_for's choice."""
+    split into 3 runs (some empty) merged by combine_splits or by the Pallas merge kernel ("rows"
+    form), 18 runs (most empty) by its "parts" form; None: split_count's runs."""
     cid, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
     q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim, n, ctx,
                                               ["bushy", "chain", "star"], dtype)
@@ -481,11 +481,6 @@ def test_mosaic_tail_words_match_golden(num_q):
                 u = t - c
                 want = u < 0 or (u < num_q and (node_mask[s, node, u // 32] >> (u % 32)) & 1 == 1)
                 assert ((got[s, node, t // 32] >> (t % 32)) & 1 == 1) == want, (s, node, t)
-
-
-def test_mosaic_merge_for():
-    """merge="auto": the one-kernel merge for up to 16 runs per stream, XLA's for more."""
-    assert [mosaic_gpu.merge_for(k) for k in (2, 8, 16, 17, 65, 132)] == ["pallas"] * 3 + ["xla"] * 3
 
 
 def test_mosaic_supported_says_why():

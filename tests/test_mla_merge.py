@@ -57,6 +57,20 @@ def test_merge_refuses_bad_shapes():
         merge.merge_splits(o, jnp.zeros((2, 1, 8), jnp.float32), kc=12)
 
 
+def test_merge_form_for_the_run_count():
+    """form=None takes form_for(K) with STEP's kc and warps: "rows" up to 16 runs, "parts" above."""
+    assert [merge.form_for(k) for k in (1, 8, 16, 17, 65, 132)] == ["rows"] * 3 + ["parts"] * 3
+    rng = fresh_rng()
+    for k in (16, 17):
+        o = jnp.asarray(rng.standard_normal((k, 1, 8, 64)), jnp.bfloat16)
+        lse = jnp.asarray(rng.standard_normal((k, 1, 8)) * 4, jnp.float32)
+        form = merge.form_for(k)
+        kc, warps = merge.STEP[form]
+        np.testing.assert_array_equal(merge.merge_splits(o, lse),
+                                      merge.merge_splits(o, lse, form=form, kc=kc, warps=warps))
+        assert_close(merge.merge_splits(o, lse), golden(o, lse), 1e-6, f"merge K{k} form=None")
+
+
 def test_mosaic_refuses_an_unknown_merge():
     from pallas_kernels.mla_attention import mosaic_gpu
     with pytest.raises(ValueError, match="merge must be one of"):

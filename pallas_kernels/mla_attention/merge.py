@@ -9,12 +9,11 @@ column block) walks the K parts kc at a time (kc independent [BR, BC] loads per 
 partial sums stay in each thread's registers: a [kc, BR, BC] tile reduced over its first axis
 compiled to 164 shuffles and a shared-memory round trip per step), first the row maxima from
 lse2, then the weighted sums, and writes the output dtype. The grid gives the GPU enough
-programs even for one stream (8 rows x 64 or 32 columns each). `mla_attention_mosaic` uses it
-for up to 16 runs per stream (`mosaic_gpu.merge_for`): each program walks the runs in series, so
-at 64-132 runs XLA's reductions are faster (session 26, BENCHMARKS.md issue 5).
-form="parts" (`_kernel_parts`, compiled offline but not yet timed) is the candidate for many
-runs: one online pass over [kc, 8, BC] tiles with 2-8 warps per program, so that more parts are
-in flight at once; the reduction over the parts costs shuffles and shared memory per step.
+programs even for one stream (8 rows x 64 or 32 columns each). That form ("rows") walks the runs
+in series, one warp per program, so at 64-132 runs XLA's reductions beat it. form="parts"
+(`_kernel_parts`) makes one online pass over [kc, 8, BC] tiles with several warps, so more parts are
+in flight at once. `form_for` picks per run count, from the H200 timings (BENCHMARKS.md, issue 5,
+sessions 26-27).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 BR = 8              # rows per program
 MIN_PROGRAMS = 264  # two per SM of an H100 / H200: below, programs take 32 columns instead of 64
-KC, WARPS = 16, 1   # parts per loop step, warps per program (the H200 probe's pick, session 26)
 
 
 def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
@@ -90,18 +88,32 @@ def _kernel_parts(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
 
 
 FORMS = ("rows", "parts")   # _kernel (one part per load, two passes) or _kernel_parts
+STEP = {"rows": (16, 1), "parts": (32, 4)}   # form -> (kc parts per loop step, warps per program)
+ROWS_MAX_PARTS = 16
+
+
+def form_for(parts: int) -> str:
+    """The merge form for `parts` runs per stream: "rows" up to ROWS_MAX_PARTS, "parts" above.
+    On the H200 (merge alone, bf16 [K, S, 64, 512], device us, XLA / rows / parts with STEP's
+    kc and warps; sessions 26-27, BENCHMARKS.md issue 5): K 8 S 1 2.2 / 1.3 / 1.6, K 16 S 8
+    5.2 / 2.9 / 3.3, K 9 S 14 3.3 / 2.7 / 5.2; K 18-26 S 5-7 5.2-5.5 / 5.2-5.3 / 3.9-4.8; K 33-44
+    S 3-4 7.8-8.2 / 4.3-4.4 / 4.7-5.6 (rows the faster there); K 64-66 S 1-2 6.2-8.8 / 5.1-6.8
+    / 2.9-4.9; K 132 S 1 8.3 / 13.0 / 5.6. The rule's pick is never slower than XLA's."""
+    return "rows" if parts <= ROWS_MAX_PARTS else "parts"
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "kc", "warps", "form"))
-def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, kc: int = KC, warps: int = WARPS,
-                 form: str = "rows"):
+def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, form: str | None = None, kc: int | None = None,
+                 warps: int | None = None):
     """O [K, S, R, v] (any float dtype), lse2 [K, S, R] float32 -> O [S, R, v] out_dtype, merged
     by log-sum-exp in float32 (zeros where no part saw a key); R % 8 == 0, v % 32 == 0.
     out: a buffer of the result's shape and dtype to write into (e.g. NaN-poisoned, in tests);
-    kc: parts per loop step (a power of two; "parts" takes at most K's largest power of two);
-    warps: per program; form: FORMS (the H200 timed "rows" only, session 26)."""
+    form: FORMS (None: `form_for(K)`); kc: parts per loop step (a power of two; "parts" takes at
+    most K's largest power of two) and warps per program (None: STEP[form])."""
+    form = form_for(o.shape[0]) if form is None else form
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    kc, warps = (STEP[form][0] if kc is None else kc), (STEP[form][1] if warps is None else warps)
     if kc < 1 or kc & (kc - 1):
         raise ValueError(f"kc must be a power of two, got {kc}")
     parts, num_s, rows, v = o.shape

@@ -21,16 +21,16 @@ every CTA has consumed them, so they read each key tile from L2 at about the sam
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
 With too few row blocks to fill the GPU (one stream with a small tree, plain decode), each
 stream's pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
-decoding): by one Pallas:Triton kernel up to 16 runs, by XLA's `combine_splits` above (`merge_for`).
+decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`.
 
-Status (H200, 2026-12-01; BENCHMARKS.md, issue 5, sessions 19-24): no register spills; the
+Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-27): no register spills; the
 whole operation reaches 80-90% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
-and for one stream from Q 64 (75% at 32k Q 16), and 71-84% (device time) for 32k decode at
+and for one stream from Q 64 (at 32k from Q 16), and 71-84% (device time) for 32k decode at
 S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us + floor / 0.9
 (session 22, H 8-64), so calls whose floor is a few tens of us (8k decode, one stream of Q 16
 at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`
-(session 24, TMA epilogue: 8k decode S 16 at 63% of the floor, 57 us, of which the merge and
-`prepare` are 8 us). impl="auto"
+(session 27: 8k decode S 16 at 65% of the floor, 55 us, of which the merge and `prepare` are
+6 us; 8k decode S 1 at 15%, 15 us, the kernel 9). impl="auto"
 takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
 row blocks or more (`choose`). Off a Hopper GPU the
 registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the
@@ -477,38 +477,28 @@ def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
     return cluster, splits
 
 
-MERGES = ("auto", "xla", "pallas")   # how split runs are merged: by merge_for's rule, combine_splits,
-                                     # or merge.merge_splits
-PALLAS_MERGE_MAX_PARTS = 16
+MERGES = ("pallas", "xla")   # how split runs are merged: merge.merge_splits (one kernel, its form
+                             # by merge.form_for) or combine_splits (2-5 XLA kernels)
 
 
-def merge_for(splits: int) -> str:
-    """merge="auto"'s choice for `splits` runs per stream: the one-kernel merge up to
-    PALLAS_MERGE_MAX_PARTS runs, XLA's above. Its programs walk the runs in series, so XLA's
-    reductions win at many runs. On the H200 (session 26, BENCHMARKS.md issue 5; merge alone,
-    device us, XLA / Pallas): 16 runs x 8 streams 5.5 / 2.9, 8 x 16 3.4 / 2.9, 8 x 1 2.1 / 1.4,
-    but 64 x 1 6.2 / 14.0, 65 x 1 7.0 / 6.2, 132 x 1 8.3 / 13.0."""
-    return "pallas" if splits <= PALLAS_MERGE_MAX_PARTS else "xla"
-
-
-def merge_runs(o, lse, out_dtype, merge: str = "auto"):
+def merge_runs(o, lse, out_dtype, merge: str = "pallas"):
     """The split runs' parts (O [K, S, R, v], lse2 [K, S, R] float32) -> O [S, R, v] out_dtype,
-    merged as `merge` says (MERGES; "auto": `merge_for(K)`)."""
+    merged as `merge` says (MERGES). The Pallas merge is the faster at every run count the H200
+    timed (K 8-132, S 1-16: sessions 26-27, BENCHMARKS.md issue 5); "xla" is the baseline."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
-    merge = merge_for(o.shape[0]) if merge == "auto" else merge
     return merge_splits(o, lse, out_dtype) if merge == "pallas" else combine_splits(o, lse).astype(out_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits", "merge"))
 def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                          heads_first: bool = False, q_rope=None, context=context_attention,
-                         splits: int | None = None, merge: str = "auto"):
+                         splits: int | None = None, merge: str = "pallas"):
     """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
     node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
     context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
     stream's context is split into (None: `split_count`'s rule). merge: how the runs are merged
-    (MERGES: `merge_for`'s rule, XLA's combine_splits, or one Pallas:Triton kernel)."""
+    (MERGES: one Pallas:Triton kernel or XLA's combine_splits)."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     num_s, a, b, _ = q.shape
