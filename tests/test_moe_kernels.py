@@ -194,25 +194,24 @@ def test_bad_inputs_raise():
             moe.moe_experts(x, ids.at[1, 0].set(bad), w, experts, impl="xla")
 
 
-def test_pallas_kernels_write_every_used_row():
-    """gate_up and down write into NaN-poisoned buffers: every real row gets written and equals
-    the golden intermediates; padding rows and unused blocks stay untouched."""
+def _check_kernel_rows(cfg, e, d, i, t, k, kind, label):
+    """gate_up and down under `cfg` into NaN-poisoned buffers (the split_k partial buffers too):
+    every real row written and equal to the golden intermediates, padding rows and unused blocks
+    untouched. bf16 activations, INT4 experts; `kind` routing of t tokens, top-k, e experts."""
     from pallas_kernels.moe import pallas_triton as pt
-    from pallas_kernels.moe.tuning import MoEConfig
 
     rng = fresh_rng()
-    e, d, i, t, k = 5, 96, 64, 6, 2
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
-    ids, w = _routing(rng, "uneven", t, k, e)
+    ids, w = _routing(rng, kind, t, k, e)
     x = jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16)
-    cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits")
     dm = moe.dims(experts)
     r, row_token, row_weight = pt.routed_rows(jnp.asarray(ids), jnp.asarray(w), e, cfg.bm)
     rows = r.row_slot.shape[0]
+    lead = (cfg.split_k,) if cfg.split_k > 1 else ()
+    nan = lambda n, dt: jnp.full((*lead, rows, n), jnp.nan, dt if not lead else jnp.float32)  # noqa: E731
     h = pt.gate_up(x, row_token, r.block_expert, experts, dm, cfg,
-                   out=jnp.full((rows, i), jnp.nan, jnp.bfloat16))
-    y = pt.down(h, row_token, row_weight, r.block_expert, experts, dm, cfg,
-                out=jnp.full((rows, d), jnp.nan, jnp.float32))
+                   out=(nan(i, jnp.bfloat16),) * 2 if lead else nan(i, jnp.bfloat16))
+    y = pt.down(h, row_token, row_weight, r.block_expert, experts, dm, cfg, out=nan(d, jnp.float32))
     real = np.asarray(row_token) >= 0
     assert real.sum() == t * k and np.array_equal(np.sort(np.asarray(row_token)[real]),
                                                   np.arange(t * k) // k)
@@ -224,10 +223,16 @@ def test_pallas_kernels_write_every_used_row():
     flat = ids.reshape(-1)
     gx = np.einsum("sid,sd->si", g[flat], xf[np.arange(t * k) // k])
     ux = np.einsum("sid,sd->si", u[flat], xf[np.arange(t * k) // k])
-    h_ref = gx / (1 + np.exp(-gx)) * ux
-    assert_close(h[slot_row], h_ref, TOL[jnp.bfloat16], "gate_up rows")
+    assert_close(h[slot_row], gx / (1 + np.exp(-gx)) * ux, TOL[jnp.bfloat16], f"{label} gate_up rows")
     y_ref = w.reshape(-1, 1) * np.einsum("sdi,si->sd", dn[flat], h[slot_row])
-    assert_close(y[slot_row], y_ref, 1e-5, "down rows")
+    assert_close(y[slot_row], y_ref, 1e-5 if not cfg.scale_weights else TOL[jnp.bfloat16], f"{label} down rows")
+
+
+def test_pallas_kernels_write_every_used_row():
+    """The default kernel form, uneven routing (_check_kernel_rows)."""
+    from pallas_kernels.moe.tuning import MoEConfig
+
+    _check_kernel_rows(MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits"), 5, 96, 64, 6, 2, "uneven", "default")
 
 
 # Kernel variants (tuning.MoEConfig fields; scale_weights is in the tuned table) against the same goldens and
@@ -259,31 +264,4 @@ def test_pallas_variants_match_golden(variant):
         ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
         assert_close(out, ref, TOL[dtype], f"{variant} T{t} {kind} {jnp.dtype(dtype).name}")
 
-    rng = fresh_rng()
-    e, d, i, t, k = 4, 288, 64, 9, 2
-    experts, (g, u, dn) = _int4_experts(rng, e, d, i)
-    ids, w = _routing(rng, "one_expert", t, k, e)
-    x = jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16)
-    dm = moe.dims(experts)
-    r, row_token, row_weight = pt.routed_rows(jnp.asarray(ids), jnp.asarray(w), e, cfg.bm)
-    rows = r.row_slot.shape[0]
-    lead = (cfg.split_k,) if cfg.split_k > 1 else ()
-    nan = lambda n, dt: jnp.full((*lead, rows, n), jnp.nan, dt if not lead else jnp.float32)
-    h = pt.gate_up(x, row_token, r.block_expert, experts, dm, cfg,
-                   out=(nan(i, jnp.bfloat16),) * 2 if lead else nan(i, jnp.bfloat16))
-    y = pt.down(h, row_token, row_weight, r.block_expert, experts, dm, cfg, out=nan(d, jnp.float32))
-    real = np.asarray(row_token) >= 0
-    assert real.sum() == t * k and np.array_equal(np.sort(np.asarray(row_token)[real]),
-                                                  np.arange(t * k) // k)
-    h, y = np.asarray(h, np.float64), np.asarray(y, np.float64)
-    assert np.all(np.isfinite(h[real])) and np.all(np.isfinite(y[real]))
-    assert np.all(np.isnan(h[~real])) and np.all(np.isnan(y[~real]))
-    slot_row = np.asarray(r.slot_row)
-    xf = np.asarray(x.astype(jnp.float32), np.float64)
-    flat = ids.reshape(-1)
-    gx = np.einsum("sid,sd->si", g[flat], xf[np.arange(t * k) // k])
-    ux = np.einsum("sid,sd->si", u[flat], xf[np.arange(t * k) // k])
-    assert_close(h[slot_row], gx / (1 + np.exp(-gx)) * ux, TOL[jnp.bfloat16], f"{variant} gate_up rows")
-    y_ref = w.reshape(-1, 1) * np.einsum("sdi,si->sd", dn[flat], h[slot_row])
-    assert_close(y[slot_row], y_ref, 1e-5 if not cfg.scale_weights else TOL[jnp.bfloat16],
-                 f"{variant} down rows")
+    _check_kernel_rows(cfg, 4, 288, 64, 9, 2, "one_expert", variant)
