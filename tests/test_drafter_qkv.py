@@ -134,8 +134,8 @@ def test_drafter_equal_across_implementations():
     projection and attention kernels as with the xla path (float32)."""
     tcfg = dj.ModelConfig.preset("tiny")
     dcfg = dj.DrafterConfig.for_target(tcfg, num_hidden_layers=2, block_size=8)
-    params = dj.init_drafter(dcfg, jax.random.key(0))
-    k1, k2 = jax.random.split(jax.random.key(1))
+    k0, k1, k2 = jax.random.split(jax.random.key(int(fresh_rng().integers(2**31))), 3)
+    params = dj.init_drafter(dcfg, k0)
     taps = jax.random.normal(k1, (2, 12, len(dcfg.target_layer_ids) * tcfg.hidden_size))
     pos = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (2, 12))
     emb = jax.random.normal(k2, (2, 8, tcfg.hidden_size))

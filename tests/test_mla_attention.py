@@ -327,9 +327,10 @@ def test_two_pass_context_splits_and_stream_groups(monkeypatch):
     assert_close(out, ref, 1e-5, "two-pass, one split")
 
 
-def test_select_config_picks_two_pass_for_k2_shapes():
+def test_select_config_picks_two_pass_for_k2_shapes(monkeypatch, request):
     """>= 256 rows at K2 widths from 1024 slots: two-pass; plain decode, narrow latents: one-pass;
-    the registered implementation follows it (here 32 nodes x 8 heads over 1100 slots)."""
+    the registered implementation follows it (here 32 nodes x 8 heads over 1100 slots: the
+    two-pass GEMMs are traced, counted by a wrapper, and equal the golden)."""
     assert pallas_triton.select_config(64 * 16, 8208, 512) == two_pass.TwoPassConfig()
     assert pallas_triton.select_config(64 * 4, 8196, 512) == two_pass.TwoPassConfig()             # one stream
     assert pallas_triton.select_config(64 * 4, 8196, 512, 8) == two_pass.TwoPassConfig()
@@ -341,8 +342,13 @@ def test_select_config_picks_two_pass_for_k2_shapes():
     assert pallas_triton.select_config(64 * 16, 8208, 512, rope=8) == pallas_triton.BlockConfig()   # bf16 rope < 16
     assert pallas_triton.select_config(64 * 16, 8208, 512, rope=8, dtype=jnp.float32) == two_pass.TwoPassConfig()
     assert isinstance(pallas_triton.select_config(1024, 500, 512), pallas_triton.BlockConfig)
+    calls, two = [], pallas_triton.mla_attention_two_pass
+    monkeypatch.setattr(pallas_triton, "mla_attention_two_pass", lambda *a, **k: calls.append(1) or two(*a, **k))
+    jax.clear_caches()                                 # traced here, through the counting wrapper
+    request.addfinalizer(jax.clear_caches)             # and no trace of it outlives the test
     q, kv, ctx_lens, node_mask, _ = make_case(1, 32, 8, 576, 512, 1100, [1060], ["bushy"], jnp.bfloat16)
     out = mla_attention(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512, impl="pallas_triton")
+    assert calls, "pallas_triton did not take the two-pass GEMMs"
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
     assert_close(out, ref, TOL[jnp.bfloat16], "pallas_triton auto (two-pass)")
 

@@ -71,16 +71,20 @@ def test_init_target_int4_runs(tiny):
 
 
 @pytest.mark.parametrize("mla_path", ["one_pass", "two_pass"])
-def test_pallas_kernels_in_the_model_equal_xla(tiny, mla_path, monkeypatch):
+def test_pallas_kernels_in_the_model_equal_xla(tiny, mla_path, monkeypatch, request):
     """Tree verify with the Pallas attention and MoE kernels (interpret mode off the GPU) equals xla;
-    two_pass: the attention's two-pass GEMMs, which select_config keeps for K2-size shapes."""
+    two_pass: the attention's two-pass GEMMs, which select_config keeps for K2-size shapes (the
+    thresholds lowered to 1 here); one_pass: the tiny shapes' default. Caches are cleared before
+    (so the attention is traced, and counted, here) and after (no trace built under the lowered
+    thresholds outlives the test)."""
     calls = []
     if mla_path == "two_pass":
         for name in ("_TWO_PASS_ROWS", "_TWO_PASS_V_DIM", "_TWO_PASS_SLOTS"):
             monkeypatch.setattr(mla_pallas, name, 1)
-        two_pass = mla_pallas.mla_attention_two_pass
-        monkeypatch.setattr(mla_pallas, "mla_attention_two_pass", lambda *a, **k: calls.append(1) or two_pass(*a, **k))
-        jax.clear_caches()
+    two_pass = mla_pallas.mla_attention_two_pass
+    monkeypatch.setattr(mla_pallas, "mla_attention_two_pass", lambda *a, **k: calls.append(1) or two_pass(*a, **k))
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
     cfg = tiny.replace(quant=dj.QuantConfig("int4"))
     jparams, _, _ = _params(cfg, seed=14, fmt="int4")
     prefix, nodes = _tokens(cfg, (2, 6), seed=15), _tokens(cfg, (2, 5), seed=16)

@@ -44,6 +44,7 @@ def test_topk_matches_golden(impl, R, V, k, kind):
     np.testing.assert_allclose(np.asarray(lse), logsumexp_ref(x), rtol=1e-6, atol=1e-6)
     v2, i2 = topk_op.topk(jnp.asarray(x), k, impl=impl)
     np.testing.assert_array_equal(np.asarray(i2), want_i)
+    np.testing.assert_array_equal(np.asarray(v2), want_v)
 
 
 @pytest.mark.parametrize("impl", runnable_impls("topk"))

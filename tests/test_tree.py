@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref as R
+from tests.kernel_testing import fresh_rng
 
 FIELDS = ("tokens", "depths", "parents", "num_nodes", "visibility", "node_mask")
 # (S, L, V, budget): budget > V, budget = 1, L = 1, fewer prefixes than budget, budget >> V^1.
@@ -59,7 +60,7 @@ def test_ties_match_golden_exactly(S, L, V, budget):
 
 
 def test_pallas_topk_path_matches():
-    rng = np.random.default_rng(3)
+    rng = fresh_rng()
     logp = rng.integers(-3, 1, size=(2, 3, 12)).astype(np.float32)
     _assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), 5, topk_impl="pallas_triton"),
                        R.search_ref(logp, 5))
@@ -69,7 +70,7 @@ def test_pallas_topk_path_matches():
 def test_bf16_logits_give_the_tree_of_their_float32_values(impl):
     """bf16 draft logits (a bf16 drafter's lm_head output) are read as they are: the tree equals
     the one built from the same values in float32 (bf16 -> float32 is exact)."""
-    rng = np.random.default_rng(11)
+    rng = fresh_rng()
     x = jnp.asarray(3 * rng.normal(size=(2, 3, 40)), jnp.bfloat16)
     got = T.build_tree(x, 12, topk_impl=impl)
     want = T.build_tree(x.astype(jnp.float32), 12, topk_impl=impl)
