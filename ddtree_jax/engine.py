@@ -457,7 +457,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     device loop's checks for streams with tokens left. timing_reps:
     decode this many times, each from the prefilled state loaded into the compiled call's buffers
     (`CompiledDecode.load`, before the timer starts); tokens/s uses the median time
-    (every decode is the same computation and yields the same tokens). decode_loop: see
+    (every decode is the same computation and yields the same tokens: checked, a RuntimeError if
+    not). decode_loop: see
     `decode_loop_for`; every loop yields the same tokens.
     """
     check_int("steps_per_call", steps_per_call, 1)
@@ -480,17 +481,21 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     stage_state = copy_tree(state) if stage_reps else None
     if warmup:   # one-time costs of the executable's first run stay out of decode_s
         jax.block_until_ready(step(tparams, dparams, copy_tree(state)))
-    prefilled, times = state, []
+    prefilled, times, first = state, [], None
     for _ in range(timing_reps):
         state = jax.block_until_ready(step.load(prefilled))
         t0 = time.perf_counter()
         state = run_decode(step, tparams, dparams, state, su, steps_per_call, loop)
         state.out_len.block_until_ready()
         times.append(time.perf_counter() - t0)
+        out_len, out_tokens = np.asarray(state.out_len), np.asarray(state.out_tokens)
+        if first is None:
+            first = (out_len, out_tokens)
+        elif not (np.array_equal(out_len, first[0]) and np.array_equal(out_tokens, first[1])):
+            raise RuntimeError("generate: the timed decodes (timing_reps) gave different tokens; "
+                               "each must start from the same prefilled state")
     decode_s = float(np.median(times))
 
-    out_len = np.asarray(state.out_len)
-    out_tokens = np.asarray(state.out_tokens)
     accept = np.asarray(state.accept)
     steps = int(np.any(accept > 0, axis=0).sum())    # steps in which some stream was active
     accept = accept[:, :steps]

@@ -69,6 +69,22 @@ def test_greedy_speculative_equals_ar(pair32, prompts, greedy_ar, method, budget
         assert all(t > 0 for t in out.stage_times.values())
 
 
+def test_timed_decodes_that_disagree_are_refused(pair32, prompts, monkeypatch):
+    """generate checks its timing_reps decodes give the same tokens: a second decode that
+    emits other tokens (here: shifted by one) raises instead of reporting tokens/s."""
+    target, _ = pair32
+    real, calls = engine.run_decode, []
+
+    def second_differs(*args, **kwargs):
+        state = real(*args, **kwargs)
+        calls.append(1)
+        return state if len(calls) == 1 else state.replace(out_tokens=state.out_tokens + 1)
+    monkeypatch.setattr(engine, "run_decode", second_differs)
+    with pytest.raises(RuntimeError, match="timing_reps"):
+        engine.generate(target, None, prompts[:2], method="ar", max_new_tokens=4, timing_reps=2, stage_reps=0)
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize("loop", ["host", "device"])
 def test_several_steps_per_call_change_nothing_but_dispatches(pair32, prompts, greedy_ar, loop):
     """Steps fused into one call (a device loop) emit what one step per call emits, step by step,
