@@ -23,8 +23,8 @@ def golden(o, lse):
                                               (16, 1, 64, 64, 16, jnp.bfloat16), (13, 3, 8, 64, 4, jnp.bfloat16),
                                               (5, 1, 8, 32, 16, jnp.float32)])
 def test_merge_matches_golden(k, s, r, v, kc, dtype, form):
-    """K = 13 by 4 and K = 5 by (at most) 4: "parts" re-reads parts in its last step and must
-    count them once."""
+    """K = 13 by 4 and K = 5 by (at most) 4: "parts" masks the parts past K in its last step
+    (loads past the arrays, predicated off) and must count none of them."""
     rng = fresh_rng()
     o = jnp.asarray(rng.standard_normal((k, s, r, v)), dtype)
     lse = (rng.standard_normal((k, s, r)) * 4).astype(np.float32)

@@ -65,18 +65,19 @@ def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
 def _kernel_parts(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
     """form="parts": one pass; each step loads kc parts as one [kc, BR] lse tile and one
     [kc, BR, BC] O tile, rescales the running sums to the new row maxima (online, as flash
-    attention does) and adds the tile reduced over its parts. The last step starts at parts - kc
-    (kc <= parts) and masks the parts it re-reads, so no load leaves the arrays."""
+    attention does) and adds the tile reduced over its parts. The last step's parts past K are
+    masked off (their loads predicated away: no memory traffic, no read past the arrays)."""
     out_ref = refs[-1]
     s, rb, cb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     rows, cols = pl.ds(rb * BR, BR), pl.ds(cb * bc, bc)
 
     def step(c, carry):
         top, acc, den = carry                                                          # [BR], [BR, BC], [BR]
-        start = jnp.minimum(c * kc, parts - kc)
-        fresh = start + jax.lax.broadcasted_iota(jnp.int32, (kc, BR), 0) >= c * kc
-        lse = jnp.where(fresh, plgpu.load(lse_ref.at[pl.ds(start, kc), s, rows]), -jnp.inf)    # [kc, BR]
-        o = plgpu.load(o_ref.at[pl.ds(start, kc), s, rows, cols]).astype(jnp.float32)          # [kc, BR, BC]
+        start = c * kc
+        real = start + jax.lax.broadcasted_iota(jnp.int32, (kc, BR), 0) < parts     # [kc, BR]
+        lse = plgpu.load(lse_ref.at[pl.ds(start, kc), s, rows], mask=real, other=-jnp.inf)          # [kc, BR]
+        o = plgpu.load(o_ref.at[pl.ds(start, kc), s, rows, cols],
+                       mask=jnp.broadcast_to(real[:, :, None], (kc, BR, bc)), other=0).astype(jnp.float32)
         new_top = jnp.maximum(top, lse.max(0))
         ref = jnp.where(new_top == -jnp.inf, 0.0, new_top)                             # no key yet: weights 0
         w, keep = jnp.exp2(lse - ref[None]), jnp.exp2(top - ref)
@@ -95,10 +96,11 @@ ROWS_MAX_PARTS = 16
 def form_for(parts: int) -> str:
     """The merge form for `parts` runs per stream: "rows" up to ROWS_MAX_PARTS, "parts" above.
     On the H200 (merge alone, bf16 [K, S, 64, 512], device us, XLA / rows / parts with STEP's
-    kc and warps; sessions 26-27, BENCHMARKS.md issue 5): K 8 S 1 2.2 / 1.3 / 1.6, K 16 S 8
-    5.2 / 2.9 / 3.3, K 9 S 14 3.3 / 2.7 / 5.2; K 18-26 S 5-7 5.2-5.5 / 5.2-5.3 / 3.9-4.8; K 33-44
-    S 3-4 7.8-8.2 / 4.3-4.4 / 4.7-5.6 (rows the faster there); K 64-66 S 1-2 6.2-8.8 / 5.1-6.8
-    / 2.9-4.9; K 132 S 1 8.3 / 13.0 / 5.6. The rule's pick is never slower than XLA's."""
+    kc and warps; sessions 26-28, BENCHMARKS.md issue 5): K 8 S 1 2.2 / 1.3 / 1.6, K 16 S 8
+    5.2 / 2.9 / 3.3, K 9 S 14 3.3 / 2.7 / 5.2; K 17-26 S 1-7 3.4-5.6 / 2.9-5.3 / 2.4-4.3; K 33
+    S 4 8.1 / 4.4 / 5.0 and K 44 S 3 7.8 / 4.3 / 4.2 (rows as fast or faster there); K 65 S 1-2
+    6.9-9.0 / 6.2-6.4 / 3.7-4.5; K 132 S 1 7.9 / 13.0 / 5.5. The rule's pick is never slower
+    than XLA's."""
     return "rows" if parts <= ROWS_MAX_PARTS else "parts"
 
 
