@@ -23,7 +23,7 @@ from ddtree_jax.reference import tree_ref as R
 from pallas_kernels import registry
 from pallas_kernels.topk import pallas_triton as topk_pt
 from pallas_kernels.topk.reference import topk_ref
-from pallas_kernels.tree_search import num_real_nodes, pallas_triton as search_pt
+from pallas_kernels.tree_search import num_real_nodes, pallas_triton as search_pt, tree_search
 from tests.kernel_testing import fresh_rng
 
 FIELDS = ("tokens", "depths", "parents", "visibility", "node_mask", "scores")
@@ -75,6 +75,23 @@ def test_pallas_tree_search_matches_heap_golden(S, L, V, budget, kind, with_lse)
 def test_bad_args(args, name):
     with pytest.raises(ValueError, match=name):
         registry.get("tree_search", "xla")(*args)
+    with pytest.raises(ValueError, match=name):
+        tree_search(*args, impl="pallas_triton")
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+def test_module_function_matches_heap_golden(impl):
+    """tree_search(..., impl=) (the module's entry point) on one pruned case with lse."""
+    rng = fresh_rng()
+    S, L, V, budget = 2, 4, 12, 10
+    logp = _logp(rng, "spread", S, L, V)
+    vals, tok = topk_ref(logp.reshape(S * L, V), budget)
+    lse = np.round(rng.normal(size=(S, L)) * 8).astype(np.float32) / 8
+    fields = tree_search(jnp.asarray(vals.reshape(S, L, budget) + lse[..., None]),
+                         jnp.asarray(tok.reshape(S, L, budget)), jnp.asarray(lse), budget, impl=impl)
+    gold = R.search_ref(logp, budget)
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(fields[f]), gold[f], err_msg=f)
 
 
 @jax.jit

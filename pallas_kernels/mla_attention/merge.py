@@ -10,10 +10,10 @@ partial sums stay in each thread's registers: a [kc, BR, BC] tile reduced over i
 compiled to 164 shuffles and a shared-memory round trip per step), first the row maxima from
 lse2, then the weighted sums, and writes the output dtype. The grid gives the GPU enough
 programs even for one stream (8 rows x 64 or 32 columns each). That form ("rows") walks the runs
-in series, one warp per program, so at 64-132 runs XLA's reductions beat it. form="parts"
+in series, one warp per program, so at 132 runs XLA's reductions beat it. form="parts"
 (`_kernel_parts`) makes one online pass over [kc, 8, BC] tiles with several warps, so more parts are
 in flight at once. `form_for` picks per run count, from the H200 timings (BENCHMARKS.md, issue 5,
-sessions 26-27).
+sessions 26-28).
 """
 
 from __future__ import annotations

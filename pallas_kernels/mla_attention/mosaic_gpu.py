@@ -23,14 +23,16 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 stream's pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
 decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`.
 
-Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-27): no register spills; the
+Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-28): no register spills; the
 whole operation reaches 80-90% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
 and for one stream from Q 64 (at 32k from Q 16), and 71-84% (device time) for 32k decode at
 S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us + floor / 0.9
 (session 22, H 8-64), so calls whose floor is a few tens of us (8k decode, one stream of Q 16
 at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`
 (session 27: 8k decode S 16 at 65% of the floor, 55 us, of which the merge and `prepare` are
-6 us; 8k decode S 1 at 15%, 15 us, the kernel 9). impl="auto"
+6 us; 8k decode S 1 at 15%, 15 us, the kernel 9). Merging the runs inside the kernel across a
+thread-block cluster instead was 1.8-2x slower (session 28: clusters of 8 full-SM CTAs do not all
+co-reside, and each CTA waits for its cluster's slowest run). impl="auto"
 takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
 row blocks or more (`choose`). Off a Hopper GPU the
 registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the

@@ -1,8 +1,8 @@
 """In-register INT4 -> 16-bit dequantisation of one kernel-layout word tile (shared by the kernels).
 
 A tile `wq` int32 [32, BN] of the kernel layout holds 8 nibble planes; plane j is the K group j of
-the current 256-wide K block. Values come out as `nibble - 8` exactly (the group scale is applied to
-the dot output). Two routes:
+the current 256-wide K block. Values come out as `nibble - 8` exactly (the kernel applies the group scale,
+to the weights or to the dot output). Two routes:
 - "bits": plain lax bit ops. For bf16, the nibble is OR-ed into the bf16 pattern 0x4300 (= 128.0,
   whose mantissa step is 1), giving 128 + nibble without an int->float convert; minus 136.
 - "asm" (GPU only): the same trick in PTX, two columns per 32-bit register: `prmt` gathers the byte

@@ -8,7 +8,7 @@ Kernel layout (`[in, out]`, K padded to a multiple of KBLOCK=256 with zero weigh
 `qweight` int32 [..., Kp/8, N], `qscale` bf16 [..., Kp/32, N]. Nibble j of word row `kb*32 + r`
 holds K index `kb*256 + j*32 + r`, so within one 256-wide K block nibble plane j is the whole
 32-row group `kb*8 + j`: a kernel turns each plane into one [32, N] bf16 slab and one K=32 dot,
-and applies that group's scale to the dot output.
+and applies that group's scale to the slab or to the dot output (`MoEConfig.scale_weights`).
 """
 
 from __future__ import annotations

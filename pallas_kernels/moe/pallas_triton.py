@@ -2,7 +2,8 @@
 
 Grid (row block b, column tile n[, K split]); block b's rows all belong to expert `block_expert[b]`
 (-1: the program does nothing). INT4 weights are read as kernel-layout words [32, BN] per 256-wide K block
-and dequantised in registers into 8 planes, one K=32 dot each, scaled on the [BM, BN] f32 output.
+and dequantised in registers into 8 planes, one K=32 dot each; each group's scale multiplies the
+dequantised weights (`scale_weights`, every tuned config) or the [BM, BN] f32 dot output.
 1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
 2. down: y[row] = w_row * (h[row] @ Wd), float32.
 Only real rows (row_token >= 0) are loaded and written: at decode sizes most rows of a block are

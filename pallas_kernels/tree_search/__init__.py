@@ -5,6 +5,7 @@
         tokens [S, B], depths [S, B], parents [S, B+1], visibility [S, B+1, B+1] bool,
         node_mask [S, B+1, ceil((B+1)/32)] int32, scores [S, B] float32, num_nodes [S] int32
 
+Called as `tree_search(vals, tok, lse, budget, impl="auto")`, or through the registry.
 Per-depth log-probs are max(vals - lse, -1e30) (vals as given when lse is None); K = min(B, V).
 The tree is the B best prefixes in `ddtree_jax.tree`'s node order (its docstring has the order and
 the padding), exactly as the heap golden `ddtree_jax.reference.tree_ref.search_ref` builds it.
@@ -63,6 +64,12 @@ def check_args(vals, tok, lse, budget) -> None:
     if lse is not None and getattr(lse, "shape", None) != shape[:2]:
         raise ValueError(f"lse must be None or [S, L] = {shape[:2]}; got "
                          f"{getattr(lse, 'shape', None)}")
+
+
+def tree_search(vals, tok, lse, budget: int, *, impl: str = "auto") -> dict:
+    """The operation (module docstring) by implementation `impl` ("auto": the registry's choice)."""
+    check_args(vals, tok, lse, budget)
+    return registry.get("tree_search", impl)(vals, tok, lse, budget)
 
 
 def _register(impl: str):
