@@ -31,8 +31,8 @@ S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us 
 at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`
 (session 27: 8k decode S 16 at 65% of the floor, 55 us, of which the merge and `prepare` are
 6 us; 8k decode S 1 at 15%, 15 us, the kernel 9). Merging the runs inside the kernel across a
-thread-block cluster instead was 1.8-2x slower (session 28: clusters of 8 full-SM CTAs do not all
-co-reside, and each CTA waits for its cluster's slowest run). impl="auto"
+thread-block cluster instead was 3-6% slower with 2-4 runs and 1.8-2x slower with 8 (session 28:
+each CTA waits for its cluster's slowest run; clusters of 8 full-SM CTAs do not all co-reside). impl="auto"
 takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
 row blocks or more (`choose`). Off a Hopper GPU the
 registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the
