@@ -152,7 +152,7 @@ def main(_):
         args = make_inputs(jax.random.key(ctx + num_q + num_s), num_s, num_q, heads, dk, ctx,
                            model.aligned_slots(ctx + num_q), 1)[0]
         operands = jax.jit(mosaic_gpu.prepare)(*args)
-        q, _, pairs, tail_pairs, _ = operands
+        q, _, pairs, tail_tiles, _ = operands
         r, r_pad = num_q * heads, q.shape[1]
         cluster = mosaic_gpu.cluster_size(r_pad)
 
@@ -177,7 +177,7 @@ def main(_):
                                                           operands[1][:1].astype(jnp.float32),
                                                           *(t[:1] for t in operands[2:]), scale=scale, v_dim=v_dim)
         o_ref, lse_ref = np.asarray(o_ref, np.float64), np.asarray(lse_ref, np.float64)
-        keys = mosaic_gpu.PAIR * int(pairs[0] + tail_pairs[0])           # keys each row block walks
+        keys = mosaic_gpu.PAIR * int(pairs[0]) + mosaic_gpu.BLOCK_K * int(tail_tiles[0])   # keys a row block walks
         flops = 2 * num_s * r * keys * (dk + v_dim)
         nbytes = 2 * num_s * (keys * dk + r * (dk + v_dim)) + 4 * num_s * r * operands[4].shape[1]   # + tail bits
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),

@@ -474,14 +474,14 @@ def test_mosaic_tail_words_match_golden(num_q):
     words = -(-num_q // 32)
     node_mask = rng.integers(0, 2 ** 32, (4, num_q, words), dtype=np.uint64).astype(np.uint32)
     pairs = ctx // mosaic_gpu.PAIR
-    got, tail_pairs = mosaic_gpu.tail_words(jnp.asarray(ctx), jnp.asarray(node_mask.view(np.int32)),
+    got, tail_tiles = mosaic_gpu.tail_words(jnp.asarray(ctx), jnp.asarray(node_mask.view(np.int32)),
                                             jnp.asarray(pairs), num_q)
     got = np.asarray(got).view(np.uint32)
     num_words = 4 * -(-(mosaic_gpu.PAIR - 1 + num_q) // mosaic_gpu.PAIR)
     assert got.shape == (4, num_q, num_words)
     for s in range(4):
         c = ctx[s] - mosaic_gpu.PAIR * pairs[s]
-        assert tail_pairs[s] == -(-(c + num_q) // mosaic_gpu.PAIR)
+        assert tail_tiles[s] == -(-(c + num_q) // mosaic_gpu.BLOCK_K)
         for node in range(num_q):
             for t in range(32 * num_words):
                 u = t - c
@@ -550,29 +550,30 @@ def random_tail_bits(rng, pairs, num_words: int, rows: int, num_slots: int, empt
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("rows,cluster,counts,tails,splits,epilogue", [
-    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 1, "tma"), (192, 1, [0, 1, 7, 64], [0, 1, 3, 1], 1, "tma"),
-    (128, 2, [7] * 4, [2] * 4, 1, "tma"), (192, 1, [0] * 4, [0, 1, 0, 2], 1, "tma"),
-    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 3, "tma"), (64, 1, [0, 2, 9, 64], [2, 0, 1, 1], 5, "tma"),
-    (128, 2, [0, 1, 7, 64], [1, 2, 0, 1], 3, "registers")])
+    (128, 2, [0, 1, 7, 64], [1, 4, 0, 2], 1, "tma"), (192, 1, [0, 1, 7, 64], [0, 1, 5, 3], 1, "tma"),
+    (128, 2, [7] * 4, [3] * 4, 1, "tma"), (192, 1, [0] * 4, [0, 2, 0, 3], 1, "tma"),
+    (128, 2, [0, 1, 7, 64], [1, 3, 0, 2], 3, "tma"), (64, 1, [0, 2, 9, 64], [3, 0, 1, 1], 5, "tma"),
+    (64, 1, [0, 2, 9, 64], [1, 1, 1, 1], 8, "tma"), (128, 2, [0, 1, 7, 64], [2, 3, 0, 1], 3, "registers")])
 def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits, epilogue):
-    """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 0 to 3 tail
-    pairs under random masks (stream 3's last tail pair reaches past the cache's 8200 slots; every
+    """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 0 to 5 tail
+    tiles under random masks (odd counts end in half a pair, whose second tile's bits are set
+    but must be ignored; stream 3's last tail tile reaches past the cache's 8200 slots; every
     other row of streams 0 and 2 has no tail key, so stream 0's rows with neither give zeros and
     -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
     stale NaN); splits > 1: each run's part (some runs empty), then merged. Both epilogues."""
-    pairs, tail_pairs = jnp.asarray(counts, jnp.int32), jnp.asarray(tails, jnp.int32)
+    pairs, tail_tiles = jnp.asarray(counts, jnp.int32), jnp.asarray(tails, jnp.int32)
     rng = fresh_rng()
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
     empty = np.zeros((4, rows), bool)
     empty[[0, 2], ::2] = True
     bits = jnp.asarray(random_tail_bits(rng, counts, 12, rows, kv.shape[1], empty))
-    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, tail_pairs, bits, scale=0.04, v_dim=512,
+    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, tail_tiles, bits, scale=0.04, v_dim=512,
                                                              cluster=cluster, splits=splits, epilogue=epilogue))
     jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
     o, lse = run(q, kv)
     o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,
-                                                      tail_pairs, bits, scale=0.04, v_dim=512, splits=splits)
+                                                      tail_tiles, bits, scale=0.04, v_dim=512, splits=splits)
     assert_close(o, o_ref, TOL[jnp.bfloat16], "context O")
     if splits > 1:
         assert_close(mosaic_gpu.combine_splits(o, lse), mosaic_gpu.combine_splits(o_ref, lse_ref),
@@ -582,13 +583,26 @@ def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits, epilogu
     np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)
 
 
-@pytest.mark.parametrize("splits", [1, 2])
+def test_run_bounds_balance_the_runs():
+    """Runs cover 0 .. total in order, differ by at most one pair, and the longer runs come last
+    (the last run holds the tail)."""
+    for total in range(0, 30):
+        for splits in range(1, 10):
+            bounds = [tuple(int(x) for x in mosaic_gpu.run_bounds(jnp.int32(total), splits, jnp.int32(k)))
+                      for k in range(splits)]
+            assert bounds[0][0] == 0 and sum(n for _, n in bounds) == total, (total, splits, bounds)
+            assert all(f + n == g for (f, n), (g, _) in zip(bounds, bounds[1:])), (total, splits, bounds)
+            sizes = [n for _, n in bounds]
+            assert sizes == sorted(sizes) and sizes[-1] - sizes[0] <= 1, (total, splits, bounds)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3])
 def test_mosaic_context_twin_matches_its_contract(splits):
     """context_attention_xla (what the GPU test holds the kernel to) against a float64 loop over
-    context_attention's contract: every key below 128 pairs, then tail key 128 pairs + t where
-    its bit is set; runs of ceil((pairs + tail_pairs) / splits) pairs."""
+    context_attention's contract: every key below 128 pairs, then tail key 128 pairs + t (t below
+    64 tail tiles) where its bit is set; runs of `run_bounds` over pairs + ceil(tail_tiles / 2)."""
     rng = fresh_rng()
-    counts, tails, rows, n = [0, 1, 2], [1, 2, 0], 8, 300
+    counts, tails, rows, n = [0, 1, 2], [1, 3, 0], 8, 300
     empty = np.zeros((3, rows), bool)
     empty[0, 1] = True                                    # stream 0 row 1: no key at all
     bits = random_tail_bits(rng, counts, 8, rows, n, empty)
@@ -601,14 +615,16 @@ def test_mosaic_context_twin_matches_its_contract(splits):
     c = 0.3 * np.log2(np.e)
     words = bits.view(np.uint32)
     for s in range(3):
-        total = counts[s] + tails[s]
-        per = -(-total // splits)
+        total = counts[s] + -(-tails[s] // 2)
+        per, rem = divmod(total, splits)
         for k in range(splits):
-            first, last = min(k * per, total), min(k * per + per, total)
+            first = k * per + max(0, k - (splits - rem))
+            last = first + per + (k >= splits - rem)
             for r in range(rows):
+                start = mosaic_gpu.PAIR * counts[s]
                 keys = [j for j in range(mosaic_gpu.PAIR * first, min(mosaic_gpu.PAIR * last, n))
-                        if j < mosaic_gpu.PAIR * counts[s]
-                        or words[s, (j - mosaic_gpu.PAIR * counts[s]) // 32, r] >> ((j - mosaic_gpu.PAIR * counts[s]) % 32) & 1]
+                        if j < start or (j - start < mosaic_gpu.BLOCK_K * tails[s]
+                                         and words[s, (j - start) // 32, r] >> ((j - start) % 32) & 1)]
                 if not keys:
                     assert lse[k, s, r] == -np.inf and not np.any(o[k, s, r]), (s, k, r)
                     continue

@@ -74,18 +74,21 @@ def supported(dk: int, v_dim: int, dtype) -> str | None:
     return None
 
 
-def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
+def context_attention(q, kv, pairs, tail_tiles, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
                       splits: int = 1, profile_dir: str = "", epilogue: str = "tma"):
-    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs, tail_pairs [S] int32, tail_bits [S, W, R]
+    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs, tail_tiles [S] int32, tail_bits [S, W, R]
     int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of row r of stream s over
-    every key below 128 * pairs[s], and over tail key 128 * pairs[s] + t (t < 128 * tail_pairs[s])
+    every key below 128 * pairs[s], and over tail key 128 * pairs[s] + t (t < 64 * tail_tiles[s])
     where bit t % 32 of tail_bits[s, t // 32, r] is set. O is normalised by the row sum, lse2 =
     log2 of the sum of exp2(scale * log2(e) * q.k) (-inf and O = 0 where a row sees no key).
-    R a multiple of 64 * cluster; W >= 4 * max(tail_pairs); set bits name keys below N only (the
-    tail's last tile may reach past N: TMA reads zeros there). Keys the bits leave out must still
-    hold finite values (the kernel multiplies them by probability 0).
-    splits > 1 splits each stream's pairs + tail_pairs into `splits` runs of ceil(total / splits),
-    one CTA each (flash-decoding, for shapes with too few row blocks to fill the GPU), and returns
+    R a multiple of 64 * cluster; W >= 4 * ceil(max(tail_tiles) / 2); set bits name keys below N
+    only (the tail's last tile may reach past N: TMA reads zeros there). Keys the bits leave out
+    must still hold finite values (the kernel multiplies them by probability 0). The tail walks
+    ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: not
+    loaded, not multiplied), as at plain decode, where the tail's one real key is in its first tile.
+    splits > 1 splits each stream's pairs + tail pairs into `splits` runs (`run_bounds`: balanced,
+    the remainder to the last runs, which hold the tail), one CTA each (flash-decoding, for shapes
+    with too few row blocks to fill the GPU), and returns
     each run's part: (O [splits, S, R, v_dim] in q.dtype, lse2 [splits, S, R] float32);
     `combine_splits` or `merge.merge_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
     reads; the merge's weights come from the float32 lse).
@@ -118,26 +121,28 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
              slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
         q_smem, o_stage = q_space     # O is staged where Q was, once both consumers are done with Q
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
-        # consumer 0 and 1; at the end row 0 consumer 0's row sum, row 2 consumer 1's, then lse.
+        # consumer 0 and 1; at the end row 1 consumer 0's row sum, row 2 consumer 1's, then lse.
         s, block = lax.axis_index("stream"), lax.axis_index("rows")
         if cluster > 1:     # the CTAs of a cluster: consecutive row blocks of one stream
             block = block * cluster + lax.axis_index("cluster")
         r0 = block * BLOCK_Q
         rows_here = pl.ds(r0, BLOCK_Q)
         wg = lax.axis_index("wg")
-        ctx_pairs = pairs_ref[s]
-        total = ctx_pairs + tails_ref[s]
+        ctx_pairs, tail_tiles = pairs_ref[s], tails_ref[s]
+        odd = lax.rem(tail_tiles, 2)
+        total = ctx_pairs + lax.div(tail_tiles + 1, 2)
         if splits > 1:      # this CTA's run of pairs: first .. first + num_pairs
             split = lax.axis_index("split")
-            per = lax.div(total + (splits - 1), splits)
-            first = split * per
-            num_pairs = jnp.maximum(jnp.minimum(total - first, per), 0)
+            first, num_pairs = run_bounds(total, splits, split)
         else:
             first, num_pairs = 0, total
-        # The run's whole-context pairs come first, then its tail pairs (keys under the mask).
+        # The run's whole-context pairs come first, then its tail pairs (keys under the mask); the
+        # run that ends the stream ends with half a pair when the tail has an odd number of tiles.
         plain = jnp.maximum(jnp.minimum(ctx_pairs - first, num_pairs), 0)
-        masked = num_pairs - plain
+        half_tail = jnp.where((first + num_pairs == total) & (num_pairs > 0), odd, 0)
+        masked = num_pairs - plain - half_tail         # the run's whole tail pairs
         tail_first = first + plain - ctx_pairs    # the run's first tail pair, counted from the tail's start
+        num_tiles = 2 * num_pairs - half_tail
 
         def tile_keys(j):
             return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
@@ -152,13 +157,13 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                 plmg.barrier_wait(k_free.at[slot])
                 plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[slot], k_full.at[slot])
 
-            def prefetch():
-                for j in range(2):
-                    plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
+            def prefetch(j):
+                plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
 
             with jax.named_scope("loads"):
-                pl.when(num_pairs > 0)(prefetch)
-                pl.loop(2, 2 * num_pairs)(load)
+                for j in range(2):
+                    pl.when(num_tiles > j)(functools.partial(prefetch, j))
+                pl.loop(2, num_tiles)(load)
 
         def consumer(w: int):
             """Consumer w: scores tiles 2i + w (slot w), owns output columns [w, w + 1) * half."""
@@ -228,7 +233,8 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                 bits = lax.shift_right_logical(jnp.where(col < 32, lo, hi), col & 31)
                 return jnp.where((bits & 1) != 0, sc, -jnp.inf)
 
-            def step(tail: bool):
+            def step(tail: bool, half_pair: bool = False):
+                """One pair of tiles (half_pair: only the first, scored by consumer 0)."""
                 def run(i, carry):
                     # Consumer 0 scores tile 2i, then folds in tile 2i + 1; consumer 1 scores
                     # tile 2i + 1 while consumer 0 runs its softmax, then folds in tile 2i.
@@ -242,6 +248,10 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
                     # registers left beside the accumulator: ptxas spilled them, and more so in
                     # some builds).
                     mine = slot_smem[w]
+                    if half_pair:
+                        if w == 1:
+                            return take_other(acc, m, l, mine, tail)
+                        return own_tile(acc, m, l, tail_mask(scores(mine) * c, i), mine, tail)
                     sc = scores(mine) * c
                     if tail:
                         sc = tail_mask(sc, i)
@@ -252,7 +262,9 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
 
             def finish(acc, m, l):
                 """The two consumers' row sums added; O normalised and written; lse (consumer 0)."""
-                own_row, their_row = (0, 2) if w == 0 else (2, 0)   # row 0's last reader has passed p_ready
+                # Row 1 (consumer 1's row max) is free once consumer 0 has taken consumer 1's
+                # last tile (after a half pair consumer 1 may still be reading row 0).
+                own_row, their_row = (1, 2) if w == 0 else (2, 1)
                 with jax.named_scope("sums"):
                     stat_smem[own_row] = l
                     plmg.commit_smem()
@@ -293,7 +305,8 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
             with jax.named_scope("context"):
                 carry = lax.fori_loop(0, plain, step(False), (acc0, m0, l0))
             with jax.named_scope("tail"):
-                acc, m, l = lax.fori_loop(0, masked, step(True), carry)
+                carry = lax.fori_loop(0, masked, step(True), carry)
+                acc, m, l = lax.fori_loop(masked, masked + half_tail, step(True, half_pair=True), carry)
             with jax.named_scope("epilogue"):
                 finish(acc, m, l)
 
@@ -341,10 +354,19 @@ def context_attention(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_di
             approx_math=True, reduction_scratch_bytes=0,
             **(dict(profile_space=PROFILE_RANGES, profile_dir=profile_dir) if profile_dir else {})),
     )
-    return kernel(q, kv, pairs.astype(jnp.int32), tail_pairs.astype(jnp.int32), tail_bits.astype(jnp.int32))
+    return kernel(q, kv, pairs.astype(jnp.int32), tail_tiles.astype(jnp.int32), tail_bits.astype(jnp.int32))
 
 
-def context_attention_xla(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
+def run_bounds(total, splits: int, k):
+    """Run k's (first pair, pairs) of a stream's `total` pairs split into `splits` runs: total //
+    splits each, and one more for each of the last total % splits runs (the last run holds the
+    tail, whose last pair may be half a pair). Python or traced ints (k: the CTA's split index)."""
+    per, rem = lax.div(total, splits), lax.rem(total, splits)
+    extra = jnp.maximum(k - (splits - rem), 0)
+    return k * per + extra, per + (k >= splits - rem).astype(per.dtype)
+
+
+def context_attention_xla(q, kv, pairs, tail_tiles, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
                           splits: int = 1):
     """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
     around the kernel."""
@@ -354,16 +376,15 @@ def context_attention_xla(q, kv, pairs, tail_pairs, tail_bits, *, scale: float, 
     start = PAIR * pairs[:, None]                                                  # [S, 1]
     t = jnp.clip(keys[None, :] - start, 0, 32 * tail_bits.shape[1] - 1)            # [S, N]
     words = jnp.take_along_axis(tail_bits, (t // 32)[:, :, None], axis=1)          # [S, N, R]
-    in_tail = (keys[None, :] >= start) & (keys[None, :] < start + PAIR * tail_pairs[:, None])
+    in_tail = (keys[None, :] >= start) & (keys[None, :] < start + BLOCK_K * tail_tiles[:, None])
     bit = (lax.shift_right_logical(words, (t % 32)[:, :, None]) & 1) == 1
     seen = ((keys[None, :] < start)[..., None] | (in_tail[..., None] & bit)).swapaxes(1, 2)   # [S, R, N]
     st = jnp.einsum("srd,snd->srn", q, kv, preferred_element_type=jnp.float32) * c
-    total = pairs + tail_pairs
-    per = -(-total // splits)
+    total = pairs + (tail_tiles + 1) // 2
     parts = []
     for k in range(splits):
-        first = jnp.minimum(k * per, total)
-        last = jnp.minimum(first + per, total)
+        first, count = run_bounds(total, splits, jnp.int32(k))
+        last = first + count
         run = (keys[None, :] >= (PAIR * first)[:, None]) & (keys[None, :] < (PAIR * last)[:, None])   # [S, N]
         sk = jnp.where(seen & run[:, None, :], st, -jnp.inf)
         m = sk.max(axis=-1)
@@ -417,7 +438,8 @@ def tail_words(ctx_lens, node_mask, pairs, num_q: int):
     """The tail's visibility per tree node: bit t % 32 of word t // 32 (int32 [S, Q, W], W = 4 x
     the most tail pairs) set where key PAIR * pairs[s] + t is the rest of the context (below
     ctx_lens[s]) or tree token u = key - ctx_lens[s] < Q that the node sees (node_mask's bit u).
-    Also each stream's tail pairs [S]: those that hold its last context keys and its Q tree tokens.
+    Also each stream's tail tiles [S]: the 64-key tiles that hold its last context keys and its Q
+    tree tokens.
     With c = ctx_lens - PAIR * pairs context keys in the tail, the bits are c ones, then node_mask's
     first Q bits shifted up by c: word w = ones(w) | mask[w - c // 32] << c % 32 | mask[w - c // 32
     - 1] >> (32 - c % 32). Elementwise ops and a small gather, no reduction, so XLA can fuse it with
@@ -439,15 +461,15 @@ def tail_words(ctx_lens, node_mask, pairs, num_q: int):
     ones_n = jnp.clip(c[:, None] - 32 * jnp.arange(num_words)[None, :], 0, 32).astype(jnp.uint32)   # [S, W]
     ones = jnp.where(ones_n == 32, jnp.uint32(0xFFFFFFFF), (jnp.uint32(1) << ones_n) - 1)
     words = (mask_word(first) << b) | low | ones[:, None, :]
-    tail_pairs = (ctx_lens - PAIR * pairs + num_q + PAIR - 1) // PAIR
-    return lax.bitcast_convert_type(words, jnp.int32), tail_pairs
+    tail_tiles = (ctx_lens - PAIR * pairs + num_q + BLOCK_K - 1) // BLOCK_K
+    return lax.bitcast_convert_type(words, jnp.int32), tail_tiles
 
 
 def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=None):
     """mla_attention_mosaic's XLA work before the kernel: q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]),
     kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> context_attention's operands: q rows
     [S, R, Dk] with R = Q * H rounded up to BLOCK_Q, kv with N rounded up to a multiple of 8 and at
-    least PAIR, pairs and tail_pairs [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row;
+    least PAIR, pairs and tail_tiles [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row;
     zero for padded rows)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
@@ -462,13 +484,13 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     # count off a multiple of 8 (model.aligned_slots), or below 128, costs one padded copy.
     pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
     kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
-    words, tail_pairs = tail_words(ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32), pairs, num_q)
+    words, tail_tiles = tail_words(ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32), pairs, num_q)
     # Row r of the flattened query is node r % Q (heads first) or r // H: the node's words tiled
     # or repeated along the rows (a broadcast, no gather); padded rows see no tail key.
     words = words.swapaxes(1, 2)                                                       # [S, W, Q]
     per_row = jnp.tile(words, (1, 1, a)) if heads_first else jnp.repeat(words, b, axis=2)
     tail_bits = jnp.pad(per_row, ((0, 0), (0, 0), (0, padded - rows)))                 # [S, W, R]
-    return q_pad, kv_k, pairs, tail_pairs, tail_bits
+    return q_pad, kv_k, pairs, tail_tiles, tail_bits
 
 
 def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
