@@ -227,7 +227,8 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
     prep = jax.jit(mosaic_gpu.prepare)
     prepared = [prep(*a) for a in args]
     cluster, splits = mosaic_gpu.launch(*prepared[0][:2])
-    kernel = jax.jit(functools.partial(context, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits))
+    kernel = jax.jit(functools.partial(context, num_q=args[0][0].shape[1], scale=scale, v_dim=v_dim,
+                                       cluster=cluster, splits=splits))
     out = dict(splits=splits, prep_ms=time_in_graph(prep, args) * 1e3,
                kernel_ms=time_in_graph(kernel, prepared) * 1e3)
     if splits > 1:

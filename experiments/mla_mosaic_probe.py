@@ -152,13 +152,14 @@ def main(_):
         args = make_inputs(jax.random.key(ctx + num_q + num_s), num_s, num_q, heads, dk, ctx,
                            model.aligned_slots(ctx + num_q), 1)[0]
         operands = jax.jit(mosaic_gpu.prepare)(*args)
-        q, _, pairs, tail_tiles, _ = operands
+        q, _, ctx_lens, _ = operands
+        pairs, tail_tiles = mosaic_gpu.tail_counts(ctx_lens, num_q)
         r, r_pad = num_q * heads, q.shape[1]
         cluster = mosaic_gpu.cluster_size(r_pad)
 
         def run(*args, cluster=cluster, splits=splits, epilogue=epilogue, profile_dir=""):
-            o, lse = mosaic_gpu.context_attention(*args, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits,
-                                                  profile_dir=profile_dir, epilogue=epilogue)
+            o, lse = mosaic_gpu.context_attention(*args, num_q=num_q, scale=scale, v_dim=v_dim, cluster=cluster,
+                                                  splits=splits, profile_dir=profile_dir, epilogue=epilogue)
             # above one run, the parts merged as mla_attention_mosaic merges them
             return (o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse), lse)
         fn = jax.jit(run)
@@ -175,11 +176,12 @@ def main(_):
             continue
         o_ref, lse_ref = mosaic_gpu.context_attention_xla(operands[0][:1].astype(jnp.float32),
                                                           operands[1][:1].astype(jnp.float32),
-                                                          *(t[:1] for t in operands[2:]), scale=scale, v_dim=v_dim)
+                                                          *(t[:1] for t in operands[2:]), num_q=num_q, scale=scale,
+                                                          v_dim=v_dim)
         o_ref, lse_ref = np.asarray(o_ref, np.float64), np.asarray(lse_ref, np.float64)
         keys = mosaic_gpu.PAIR * int(pairs[0]) + mosaic_gpu.BLOCK_K * int(tail_tiles[0])   # keys a row block walks
         flops = 2 * num_s * r * keys * (dk + v_dim)
-        nbytes = 2 * num_s * (keys * dk + r * (dk + v_dim)) + 4 * num_s * r * operands[4].shape[1]   # + tail bits
+        nbytes = 2 * num_s * (keys * dk + r * (dk + v_dim)) + 4 * num_s * r * operands[3].shape[1]   # + tail bits
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),
                     flops / (max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12))
         row = dict(ctx=ctx, q=num_q, s=num_s, splits=splits, epilogue=epilogue, cluster=cluster, flops=flops, bytes=nbytes,

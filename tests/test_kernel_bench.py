@@ -110,7 +110,7 @@ def test_mla_bench_mosaic_parts_with_the_twin():
     assert got["splits"] == 9 and got["merge"] == "rows", got   # merge.form_for(9)
     assert min(got["prep_ms"], got["kernel_ms"], got["merge_ms"]) > 0, got
     prepared = mosaic_gpu.prepare(*args[0])
-    o = mosaic_gpu.merge_runs(*twin(*prepared, scale=0.2, v_dim=32, splits=9), args[0][0].dtype)
+    o = mosaic_gpu.merge_runs(*twin(*prepared, num_q=3, scale=0.2, v_dim=32, splits=9), args[0][0].dtype)
     want = mla_attention_reference(*args[0], scale=0.2, v_dim=32)
     assert_close(o[:, :12].reshape(1, 3, 4, 32), want, 6e-3, "mosaic parts in order")   # bf16, as test_mla_attention
 

@@ -474,8 +474,9 @@ def test_mosaic_tail_words_match_golden(num_q):
     words = -(-num_q // 32)
     node_mask = rng.integers(0, 2 ** 32, (4, num_q, words), dtype=np.uint64).astype(np.uint32)
     pairs = ctx // mosaic_gpu.PAIR
-    got, tail_tiles = mosaic_gpu.tail_words(jnp.asarray(ctx), jnp.asarray(node_mask.view(np.int32)),
-                                            jnp.asarray(pairs), num_q)
+    got = mosaic_gpu.tail_words(jnp.asarray(ctx), jnp.asarray(node_mask.view(np.int32)), num_q)
+    got_pairs, tail_tiles = mosaic_gpu.tail_counts(jnp.asarray(ctx), num_q)
+    np.testing.assert_array_equal(got_pairs, pairs)
     got = np.asarray(got).view(np.uint32)
     num_words = 4 * -(-(mosaic_gpu.PAIR - 1 + num_q) // mosaic_gpu.PAIR)
     assert got.shape == (4, num_q, num_words)
@@ -500,8 +501,8 @@ def test_mosaic_context_bad_epilogue():
     q = jnp.zeros((1, 64, 576), jnp.bfloat16)
     kv = jnp.zeros((1, 256, 576), jnp.bfloat16)
     with pytest.raises(ValueError, match="epilogue must be one of"):
-        mosaic_gpu.context_attention(q, kv, jnp.ones(1, jnp.int32), jnp.ones(1, jnp.int32),
-                                     jnp.zeros((1, 4, 64), jnp.int32), scale=0.1, v_dim=512, epilogue="smem")
+        mosaic_gpu.context_attention(q, kv, jnp.ones(1, jnp.int32), jnp.zeros((1, 4, 64), jnp.int32), num_q=1,
+                                     scale=0.1, v_dim=512, epilogue="smem")
 
 
 @pytest.mark.skipif(mosaic_gpu.is_hopper(), reason="checks the refusal off a Hopper GPU")
@@ -548,32 +549,36 @@ def random_tail_bits(rng, pairs, num_words: int, rows: int, num_slots: int, empt
     return words.astype(np.uint32).view(np.int32)
 
 
+CONTEXT_CASES = [  # (rows, cluster, ctx_lens, Q, splits, epilogue): pairs 0-64, tail tiles 1-6
+    (128, 2, [0, 130, 996, 8192], 70, 1, "tma"), (192, 1, [1, 191, 896, 8197], 1, 1, "tma"),
+    (128, 2, [1023] * 4, 200, 1, "tma"), (192, 1, [0, 64, 127, 5], 1, 1, "tma"),
+    (128, 2, [0, 130, 996, 8192], 70, 3, "tma"), (64, 1, [63, 256, 1216, 8192], 1, 5, "tma"),
+    (64, 1, [0, 256, 1152, 8192], 1, 8, "tma"), (128, 2, [0, 130, 996, 8192], 70, 3, "registers")]
+
+
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
-@pytest.mark.parametrize("rows,cluster,counts,tails,splits,epilogue", [
-    (128, 2, [0, 1, 7, 64], [1, 4, 0, 2], 1, "tma"), (192, 1, [0, 1, 7, 64], [0, 1, 5, 3], 1, "tma"),
-    (128, 2, [7] * 4, [3] * 4, 1, "tma"), (192, 1, [0] * 4, [0, 2, 0, 3], 1, "tma"),
-    (128, 2, [0, 1, 7, 64], [1, 3, 0, 2], 3, "tma"), (64, 1, [0, 2, 9, 64], [3, 0, 1, 1], 5, "tma"),
-    (64, 1, [0, 2, 9, 64], [1, 1, 1, 1], 8, "tma"), (128, 2, [0, 1, 7, 64], [2, 3, 0, 1], 3, "registers")])
-def test_gpu_mosaic_context_kernel(rows, cluster, counts, tails, splits, epilogue):
-    """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 0 to 5 tail
+@pytest.mark.parametrize("rows,cluster,ctx,num_q,splits,epilogue", CONTEXT_CASES)
+def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue):
+    """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 1 to 6 tail
     tiles under random masks (odd counts end in half a pair, whose second tile's bits are set
     but must be ignored; stream 3's last tail tile reaches past the cache's 8200 slots; every
     other row of streams 0 and 2 has no tail key, so stream 0's rows with neither give zeros and
     -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
     stale NaN); splits > 1: each run's part (some runs empty), then merged. Both epilogues."""
-    pairs, tail_tiles = jnp.asarray(counts, jnp.int32), jnp.asarray(tails, jnp.int32)
+    ctx_lens = jnp.asarray(ctx, jnp.int32)
+    counts = [c // mosaic_gpu.PAIR for c in ctx]
     rng = fresh_rng()
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
     empty = np.zeros((4, rows), bool)
     empty[[0, 2], ::2] = True
     bits = jnp.asarray(random_tail_bits(rng, counts, 12, rows, kv.shape[1], empty))
-    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, pairs, tail_tiles, bits, scale=0.04, v_dim=512,
+    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, ctx_lens, bits, num_q=num_q, scale=0.04, v_dim=512,
                                                              cluster=cluster, splits=splits, epilogue=epilogue))
     jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
     o, lse = run(q, kv)
-    o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), pairs,
-                                                      tail_tiles, bits, scale=0.04, v_dim=512, splits=splits)
+    o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), ctx_lens,
+                                                      bits, num_q=num_q, scale=0.04, v_dim=512, splits=splits)
     assert_close(o, o_ref, TOL[jnp.bfloat16], "context O")
     if splits > 1:
         assert_close(mosaic_gpu.combine_splits(o, lse), mosaic_gpu.combine_splits(o_ref, lse_ref),
@@ -600,15 +605,19 @@ def test_run_bounds_balance_the_runs():
 def test_mosaic_context_twin_matches_its_contract(splits):
     """context_attention_xla (what the GPU test holds the kernel to) against a float64 loop over
     context_attention's contract: every key below 128 pairs, then tail key 128 pairs + t (t below
-    64 tail tiles) where its bit is set; runs of `run_bounds` over pairs + ceil(tail_tiles / 2)."""
+    64 tail tiles) where its bit is set; runs of `run_bounds` over pairs + ceil(tail_tiles / 2).
+    Pairs 0 / 1 / 2, tail tiles 1 / 3 / 1 (odd: half pairs)."""
     rng = fresh_rng()
-    counts, tails, rows, n = [0, 1, 2], [1, 3, 0], 8, 300
+    ctx, num_q, rows, n = [3, 198, 256], 60, 8, 300
+    counts = [c // mosaic_gpu.PAIR for c in ctx]
+    tails = [-(-(c % mosaic_gpu.PAIR + num_q) // mosaic_gpu.BLOCK_K) for c in ctx]
+    assert tails == [1, 3, 1]
     empty = np.zeros((3, rows), bool)
     empty[0, 1] = True                                    # stream 0 row 1: no key at all
     bits = random_tail_bits(rng, counts, 8, rows, n, empty)
     q, kv = rng.standard_normal((3, rows, 16)), rng.standard_normal((3, n, 16))
     o, lse = mosaic_gpu.context_attention_xla(jnp.asarray(q, jnp.float32), jnp.asarray(kv, jnp.float32),
-                                              jnp.asarray(counts), jnp.asarray(tails), jnp.asarray(bits),
+                                              jnp.asarray(ctx), jnp.asarray(bits), num_q=num_q,
                                               scale=0.3, v_dim=8, splits=splits)
     if splits == 1:
         o, lse = o[None], lse[None]

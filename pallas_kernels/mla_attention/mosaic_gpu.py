@@ -74,12 +74,14 @@ def supported(dk: int, v_dim: int, dtype) -> str | None:
     return None
 
 
-def context_attention(q, kv, pairs, tail_tiles, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
+def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v_dim: int, cluster: int = 1,
                       splits: int = 1, profile_dir: str = "", epilogue: str = "tma"):
-    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), pairs, tail_tiles [S] int32, tail_bits [S, W, R]
-    int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): attention of row r of stream s over
-    every key below 128 * pairs[s], and over tail key 128 * pairs[s] + t (t < 64 * tail_tiles[s])
-    where bit t % 32 of tail_bits[s, t // 32, r] is set. O is normalised by the row sum, lse2 =
+    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), ctx_lens [S] int32 (>= 0), tail_bits [S, W, R]
+    int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): with pairs = ctx_lens // 128 and
+    tail_tiles = ceil((ctx_lens % 128 + num_q) / 64) (`tail_counts`, derived in the kernel: no XLA
+    kernel before it), attention of row r of stream s over every key below 128 * pairs[s], and
+    over tail key 128 * pairs[s] + t (t < 64 * tail_tiles[s]) where bit t % 32 of
+    tail_bits[s, t // 32, r] is set. O is normalised by the row sum, lse2 =
     log2 of the sum of exp2(scale * log2(e) * q.k) (-inf and O = 0 where a row sees no key).
     R a multiple of 64 * cluster; W >= 4 * ceil(max(tail_tiles) / 2); set bits name keys below N
     only (the tail's last tile may reach past N: TMA reads zeros there). Keys the bits leave out
@@ -117,7 +119,7 @@ def context_attention(q, kv, pairs, tail_tiles, tail_bits, *, scale: float, v_di
     index_required = inspect.signature(plmg.load).parameters["idx"].default is inspect.Parameter.empty
     load = (lambda ref, **kw: plmg.load(ref, (), **kw)) if index_required else plmg.load
 
-    def body(q_ref, kv_ref, pairs_ref, tails_ref, bits_ref, o_ref, lse_ref, q_space, k_smem, p_smem, stat_smem,
+    def body(q_ref, kv_ref, ctx_ref, bits_ref, o_ref, lse_ref, q_space, k_smem, p_smem, stat_smem,
              slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
         q_smem, o_stage = q_space     # O is staged where Q was, once both consumers are done with Q
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
@@ -128,7 +130,7 @@ def context_attention(q, kv, pairs, tail_tiles, tail_bits, *, scale: float, v_di
         r0 = block * BLOCK_Q
         rows_here = pl.ds(r0, BLOCK_Q)
         wg = lax.axis_index("wg")
-        ctx_pairs, tail_tiles = pairs_ref[s], tails_ref[s]
+        ctx_pairs, tail_tiles = tail_counts(ctx_ref[s], num_q)
         odd = lax.rem(tail_tiles, 2)
         total = ctx_pairs + lax.div(tail_tiles + 1, 2)
         if splits > 1:      # this CTA's run of pairs: first .. first + num_pairs
@@ -354,7 +356,14 @@ def context_attention(q, kv, pairs, tail_tiles, tail_bits, *, scale: float, v_di
             approx_math=True, reduction_scratch_bytes=0,
             **(dict(profile_space=PROFILE_RANGES, profile_dir=profile_dir) if profile_dir else {})),
     )
-    return kernel(q, kv, pairs.astype(jnp.int32), tail_tiles.astype(jnp.int32), tail_bits.astype(jnp.int32))
+    return kernel(q, kv, ctx_lens.astype(jnp.int32), tail_bits.astype(jnp.int32))
+
+
+def tail_counts(ctx_lens, num_q: int):
+    """(whole context pairs, tail tiles) for contexts ctx_lens >= 0 and num_q tree tokens: the
+    tail holds the last ctx_lens % 128 context keys and the tree tokens, in 64-key tiles."""
+    pairs = lax.div(ctx_lens, PAIR)     # lax.div: no floor-division selects (ctx_lens >= 0)
+    return pairs, lax.div(ctx_lens - PAIR * pairs + (num_q + BLOCK_K - 1), BLOCK_K)
 
 
 def run_bounds(total, splits: int, k):
@@ -366,11 +375,12 @@ def run_bounds(total, splits: int, k):
     return k * per + extra, per + (k >= splits - rem).astype(per.dtype)
 
 
-def context_attention_xla(q, kv, pairs, tail_tiles, tail_bits, *, scale: float, v_dim: int, cluster: int = 1,
+def context_attention_xla(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v_dim: int, cluster: int = 1,
                           splits: int = 1):
     """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
     around the kernel."""
     del cluster
+    pairs, tail_tiles = tail_counts(ctx_lens.astype(jnp.int32), num_q)
     c = scale * math.log2(math.e)
     keys = jnp.arange(kv.shape[1])
     start = PAIR * pairs[:, None]                                                  # [S, 1]
@@ -434,12 +444,11 @@ def split_count(ctas: int, slots: int) -> int:
     return max(1, min(FILL_CTAS // ctas, -(-slots // (PAIR * MIN_SPLIT_PAIRS))))
 
 
-def tail_words(ctx_lens, node_mask, pairs, num_q: int):
+def tail_words(ctx_lens, node_mask, num_q: int):
     """The tail's visibility per tree node: bit t % 32 of word t // 32 (int32 [S, Q, W], W = 4 x
-    the most tail pairs) set where key PAIR * pairs[s] + t is the rest of the context (below
-    ctx_lens[s]) or tree token u = key - ctx_lens[s] < Q that the node sees (node_mask's bit u).
-    Also each stream's tail tiles [S]: the 64-key tiles that hold its last context keys and its Q
-    tree tokens.
+    the most tail pairs) set where key PAIR * pairs[s] + t (pairs = ctx_lens // PAIR) is the rest
+    of the context (below ctx_lens[s]) or tree token u = key - ctx_lens[s] < Q that the node sees
+    (node_mask's bit u).
     With c = ctx_lens - PAIR * pairs context keys in the tail, the bits are c ones, then node_mask's
     first Q bits shifted up by c: word w = ones(w) | mask[w - c // 32] << c % 32 | mask[w - c // 32
     - 1] >> (32 - c % 32). Elementwise ops and a small gather, no reduction, so XLA can fuse it with
@@ -448,7 +457,7 @@ def tail_words(ctx_lens, node_mask, pairs, num_q: int):
     num_words = 4 * -(-(PAIR - 1 + num_q) // PAIR)
     keep = np.array([(1 << min(32, max(0, num_q - 32 * i))) - 1 for i in range(mask_words)], np.uint32)
     mask = lax.bitcast_convert_type(node_mask, jnp.uint32) & keep                      # bits >= Q cleared
-    c = ctx_lens - PAIR * pairs                                                          # [S], 0 .. PAIR - 1
+    c = ctx_lens - PAIR * tail_counts(ctx_lens, num_q)[0]                                 # [S], 0 .. PAIR - 1
     first = jnp.arange(num_words)[None, :] - (c // 32)[:, None]                          # [S, W]
 
     def mask_word(i):                                                                    # [S, W] -> [S, Q, W]
@@ -461,15 +470,14 @@ def tail_words(ctx_lens, node_mask, pairs, num_q: int):
     ones_n = jnp.clip(c[:, None] - 32 * jnp.arange(num_words)[None, :], 0, 32).astype(jnp.uint32)   # [S, W]
     ones = jnp.where(ones_n == 32, jnp.uint32(0xFFFFFFFF), (jnp.uint32(1) << ones_n) - 1)
     words = (mask_word(first) << b) | low | ones[:, None, :]
-    tail_tiles = (ctx_lens - PAIR * pairs + num_q + BLOCK_K - 1) // BLOCK_K
-    return lax.bitcast_convert_type(words, jnp.int32), tail_tiles
+    return lax.bitcast_convert_type(words, jnp.int32)
 
 
 def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=None):
     """mla_attention_mosaic's XLA work before the kernel: q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]),
     kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> context_attention's operands: q rows
     [S, R, Dk] with R = Q * H rounded up to BLOCK_Q, kv with N rounded up to a multiple of 8 and at
-    least PAIR, pairs and tail_tiles [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row;
+    least PAIR, ctx_lens [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row;
     zero for padded rows)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
@@ -479,18 +487,17 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     padded = -(-rows // BLOCK_Q) * BLOCK_Q
     q_pad = jnp.pad(q.reshape(num_s, rows, dk), ((0, 0), (0, padded - rows), (0, 0)))
     ctx_lens = ctx_lens.astype(jnp.int32)
-    pairs = ctx_lens // PAIR
     # TMA reads the cache in (8, 64) tiles and the kernel's first step names keys 0 .. 127: a slot
     # count off a multiple of 8 (model.aligned_slots), or below 128, costs one padded copy.
     pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
     kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
-    words, tail_tiles = tail_words(ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32), pairs, num_q)
+    words = tail_words(ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32), num_q)
     # Row r of the flattened query is node r % Q (heads first) or r // H: the node's words tiled
     # or repeated along the rows (a broadcast, no gather); padded rows see no tail key.
     words = words.swapaxes(1, 2)                                                       # [S, W, Q]
     per_row = jnp.tile(words, (1, 1, a)) if heads_first else jnp.repeat(words, b, axis=2)
     tail_bits = jnp.pad(per_row, ((0, 0), (0, 0), (0, padded - rows)))                 # [S, W, R]
-    return q_pad, kv_k, pairs, tail_tiles, tail_bits
+    return q_pad, kv_k, ctx_lens, tail_bits
 
 
 def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
@@ -528,11 +535,11 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     num_s, a, b, _ = q.shape
     operands = prepare(q, kv, ctx_lens, node_mask, heads_first=heads_first, q_rope=q_rope)
     cluster, splits = launch(*operands[:2], splits=splits)
+    kw = dict(num_q=b if heads_first else a, scale=scale, v_dim=v_dim, cluster=cluster)
     if splits == 1:
-        out, _ = context(*operands, scale=scale, v_dim=v_dim, cluster=cluster)
+        out, _ = context(*operands, **kw)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
-        out = merge_runs(*context(*operands, scale=scale, v_dim=v_dim, cluster=cluster, splits=splits),
-                         q.dtype, merge)
+        out = merge_runs(*context(*operands, splits=splits, **kw), q.dtype, merge)
     return out[:, :a * b].reshape(num_s, a, b, v_dim)
 
 
