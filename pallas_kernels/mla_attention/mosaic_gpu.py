@@ -23,19 +23,19 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 stream's pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
 decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`.
 
-Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-28): no register spills; the
-whole operation reaches 80-90% of the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16
-and for one stream from Q 64 (at 32k from Q 16), and 71-84% (device time) for 32k decode at
-S 8-16; 1.9-7.9x faster than the xla path there. Its device time is about 20 us + floor / 0.9
-(session 22, H 8-64), so calls whose floor is a few tens of us (8k decode, one stream of Q 16
-at 8k) are mostly that fixed cost: a run's launch, query and output, the merge, `prepare`
-(session 27: 8k decode S 16 at 65% of the floor, 55 us, of which the merge and `prepare` are
-6 us; 8k decode S 1 at 15%, 15 us, the kernel 9). Merging the runs inside the kernel across a
-thread-block cluster instead was 3-6% slower with 2-4 runs and 1.8-2x slower with 8 (session 28:
-each CTA waits for its cluster's slowest run; clusters of 8 full-SM CTAs do not all co-reside). impl="auto"
-takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS
-row blocks or more (`choose`). Off a Hopper GPU the
-registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the
+Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 timed all 24 goal
+shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
+the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16 and for one stream from Q 64 (at 32k
+from Q 16), and 74-83% for 32k decode at S 8-16; 1.9-5.7x faster than the xla path there. Its
+device time is about 20 us + floor / 0.9 (session 22, H 8-64), so calls whose floor is a few
+tens of us (8k decode, one stream of Q 16 at 8k) are mostly that fixed cost: a run's launch,
+query and output, the merge, `prepare` (session 29: 8k decode S 16 at 66% of the floor, 54 us,
+of which the merge and `prepare` are 4.3 us; 8k decode S 1 at 16%, 14 us, the kernel 9).
+Merging the runs inside the kernel across a thread-block cluster instead was 3-6% slower with
+2-4 runs and 1.8-2x slower with 8 (session 28: each CTA waits for its cluster's slowest run;
+clusters of 8 full-SM CTAs do not all co-reside). impl="auto" takes this kernel on a Hopper GPU
+for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS row blocks or more (`choose`). Off a
+Hopper GPU the registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the
 GPU load and layout_cast, wgmma with a register or transposed operand, and cluster barriers, so
 it cannot run this kernel: BENCHMARKS.md, issue 5, session 23);
 `context_attention_xla` stands in for the kernel in the CPU tests of the rest.
@@ -451,24 +451,27 @@ def tail_words(ctx_lens, node_mask, num_q: int):
     (node_mask's bit u).
     With c = ctx_lens - PAIR * pairs context keys in the tail, the bits are c ones, then node_mask's
     first Q bits shifted up by c: word w = ones(w) | mask[w - c // 32] << c % 32 | mask[w - c // 32
-    - 1] >> (32 - c % 32). Elementwise ops and a small gather, no reduction, so XLA can fuse it with
-    `prepare`'s broadcast to rows."""
+    - 1] >> (32 - c % 32). Elementwise ops only (the mask word is picked by selects over its
+    ceil(Q / 32) words, not gathered, and c >= 0 is split by shifts, not floor divisions), so XLA
+    fuses it with `prepare`'s broadcast to rows (on the H200 one kernel for Q <= 32,
+    two for Q 64-256: session 29)."""
     num_s, _, mask_words = node_mask.shape
     num_words = 4 * -(-(PAIR - 1 + num_q) // PAIR)
     keep = np.array([(1 << min(32, max(0, num_q - 32 * i))) - 1 for i in range(mask_words)], np.uint32)
     mask = lax.bitcast_convert_type(node_mask, jnp.uint32) & keep                      # bits >= Q cleared
     c = ctx_lens - PAIR * tail_counts(ctx_lens, num_q)[0]                                 # [S], 0 .. PAIR - 1
-    first = jnp.arange(num_words)[None, :] - (c // 32)[:, None]                          # [S, W]
+    first = jnp.arange(num_words, dtype=c.dtype)[None, :] - lax.shift_right_logical(c, 5)[:, None]  # [S, W]
 
     def mask_word(i):                                                                    # [S, W] -> [S, Q, W]
-        got = jnp.take_along_axis(mask, jnp.broadcast_to(jnp.clip(i, 0, mask_words - 1)[:, None, :],
-                                                         (num_s, num_q, num_words)), axis=2)
-        return jnp.where(((i >= 0) & (i < mask_words))[:, None, :], got, jnp.uint32(0))
+        got = jnp.zeros((num_s, num_q, num_words), jnp.uint32)
+        for k in range(mask_words):
+            got = got | jnp.where((i == k)[:, None, :], mask[:, :, k:k + 1], jnp.uint32(0))
+        return got
 
-    b = (c % 32).astype(jnp.uint32)[:, None, None]
+    b = (c & 31).astype(jnp.uint32)[:, None, None]
     low = jnp.where(b == 0, jnp.uint32(0), lax.shift_right_logical(mask_word(first - 1), jnp.uint32(32) - b))
-    ones_n = jnp.clip(c[:, None] - 32 * jnp.arange(num_words)[None, :], 0, 32).astype(jnp.uint32)   # [S, W]
-    ones = jnp.where(ones_n == 32, jnp.uint32(0xFFFFFFFF), (jnp.uint32(1) << ones_n) - 1)
+    ones_n = jnp.clip(c[:, None] - 32 * jnp.arange(num_words, dtype=c.dtype)[None, :], 0, 32).astype(jnp.uint32)
+    ones = jnp.where(ones_n == 32, jnp.uint32(0xFFFFFFFF), (jnp.uint32(1) << ones_n) - 1)   # [S, W]
     words = (mask_word(first) << b) | low | ones[:, None, :]
     return lax.bitcast_convert_type(words, jnp.int32)
 
