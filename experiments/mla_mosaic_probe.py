@@ -18,9 +18,14 @@ kernel for CUDA and stops (the CPU test of this script).
   python3 experiments/mla_mosaic_probe.py --shapes=8192:16:16 --dump > $OUT/dump.txt
   python3 experiments/mla_mosaic_probe.py --shapes=32768:1:16,8192:16:1 --splits=1,4,8    # decode, 1 stream
   python3 experiments/mla_mosaic_probe.py --shapes=8192:1:1,8192:1:16 --splits=8,64 --profile   # phases
+  python3 experiments/mla_mosaic_probe.py --shapes=8192:1:16 --splits=8 --timeline       # CTA timeline
 With --profile each kernel also runs under Mosaic GPU's in-kernel profiler (context_attention's
 profile_dir): per warpgroup role and phase (consumers: wait_q, context, tail, epilogue; producer:
-loads) the median and max duration over CTAs, and when the CTAs start and end.
+loads) the median and max duration over CTAs, and when the CTAs start and end. The profiler
+slows this kernel (8k decode S 16: 49 -> 88 us), so its phases are shares, not times. With
+--timeline each kernel also runs with context_attention(timeline=True), which only stores
+%globaltimer at a few points per CTA (TIMELINE: start, Q ready, loops done, the epilogue's steps,
+the producer's last load): per point and phase the spread over CTAs at the kernel's own speed.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ flags.DEFINE_list("epilogues", ["tma"], "how the consumers write O (context_atte
 flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
 flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")
 flags.DEFINE_bool("lower_only", False, "lower the kernel for CUDA and stop (runs on a CPU)")
+flags.DEFINE_bool("timeline", False, "also run each kernel with context_attention(timeline=True) and report "
+                  "when its CTAs pass each TIMELINE point (timeline_summary): a light probe, unlike --profile")
 flags.DEFINE_bool("profile", False, "also run each kernel once under Mosaic GPU's in-kernel profiler and "
                   "report its phases per warpgroup (profile_phases); with --lower_only, lower that form too")
 
@@ -70,6 +77,37 @@ def profiled(run, operands) -> dict:
             raise RuntimeError(f"expected one profiler trace in {d}, found {names}")
         with open(os.path.join(d, names[0])) as f:
             return profile_phases(json.load(f))
+
+
+def timeline_summary(times, device_us: float | None = None) -> dict:
+    """context_attention's timeline (int32 [S, B, K, len(TIMELINE)]: %globaltimer's low word per
+    point, then %smid) -> per point the us after the first CTA's start (min, median, max over
+    CTAs), per phase the us each CTA spent (median, max), per run index k the median us at which
+    its CTAs end (`end_by_run`: the runs that hold the tail end last), the SMs used, the raw
+    times (us, [CTA, point]) and, with the kernel's device time, the us outside every CTA
+    (the launch before the first start and the drain after the last end)."""
+    from pallas_kernels.mla_attention.mosaic_gpu import TIMELINE
+    raw = np.asarray(times).astype(np.int64)
+    runs = raw.shape[2]
+    t = raw.reshape(-1, len(TIMELINE))
+    smid, t = t[:, -1], t[:, :-1]
+    t = ((t - t[:, :1].min()) % 2 ** 32) / 1e3       # us after the first start (the low word wraps every 4.3 s)
+    col = {name: t[:, i] for i, name in enumerate(TIMELINE[:-1])}
+    stat = lambda xs: dict(min=float(xs.min()), median=float(np.median(xs)), max=float(xs.max()))  # noqa: E731
+    phases = dict(wait_q=col["q_ready"] - col["start"], loops=col["loops_done"] - col["q_ready"],
+                  sums=col["sums_done"] - col["loops_done"], stores=col["stores_issued"] - col["sums_done"],
+                  store_wait=col["end"] - col["stores_issued"], epilogue=col["end"] - col["loops_done"],
+                  consumer_skew=col["loops_done_1"] - col["loops_done"],
+                  after_last_load=col["loops_done"] - col["last_load"])
+    end_by_run = np.median(col["end"].reshape(-1, runs), axis=0)
+    out = dict(ctas=len(t), sms=int(len(np.unique(smid))), points={k: stat(v) for k, v in col.items()},
+               phases={k: stat(v) for k, v in phases.items()},
+               end_by_run=[round(float(x), 3) for x in end_by_run],
+               raw_us=np.round(t, 3).tolist())
+    if device_us is not None:
+        out["device_us"] = device_us
+        out["outside_ctas_us"] = device_us - float(col["end"].max())
+    return out
 
 
 @contextlib.contextmanager
@@ -157,11 +195,12 @@ def main(_):
         r, r_pad = num_q * heads, q.shape[1]
         cluster = mosaic_gpu.cluster_size(r_pad)
 
-        def run(*args, cluster=cluster, splits=splits, epilogue=epilogue, profile_dir=""):
-            o, lse = mosaic_gpu.context_attention(*args, num_q=num_q, scale=scale, v_dim=v_dim, cluster=cluster,
-                                                  splits=splits, profile_dir=profile_dir, epilogue=epilogue)
+        def run(*args, cluster=cluster, splits=splits, epilogue=epilogue, profile_dir="", timeline=False):
+            o, lse, *times = mosaic_gpu.context_attention(*args, num_q=num_q, scale=scale, v_dim=v_dim,
+                                                          cluster=cluster, splits=splits, profile_dir=profile_dir,
+                                                          epilogue=epilogue, timeline=timeline)
             # above one run, the parts merged as mla_attention_mosaic merges them
-            return (o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse), lse)
+            return ((o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse), lse)) + tuple(times)
         fn = jax.jit(run)
         if FLAGS.lower_only:
             fn.trace(*operands).lower(lowering_platforms=("cuda",))
@@ -172,6 +211,8 @@ def main(_):
                 except ValueError as e:
                     if "different from the lowering platform" not in str(e):
                         raise
+            if FLAGS.timeline:
+                jax.jit(functools.partial(run, timeline=True)).trace(*operands).lower(lowering_platforms=("cuda",))
             print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits} epilogue={epilogue}: lowered")
             continue
         o_ref, lse_ref = mosaic_gpu.context_attention_xla(operands[0][:1].astype(jnp.float32),
@@ -206,6 +247,14 @@ def main(_):
                            kernels=traced["kernels"], top_kernels=traced["top"][:3])
             if FLAGS.profile:
                 row["profile"] = profiled(run, operands)
+            if FLAGS.timeline:
+                timed = jax.jit(functools.partial(run, timeline=True))
+                jax.block_until_ready(timed(*operands))           # compile and warm up
+                traced_t = bench_util.traced_device_time(timed, *operands, calls=20)
+                # the kernel: the call's longest kernel (the merge, above one run, is far shorter)
+                kernel_us = traced_t["top"][0]["us"] if traced_t else None
+                row["timeline"] = timeline_summary(timed(*operands)[2], kernel_us)
+                row["timeline"]["busy_us"] = traced_t["busy_us"] if traced_t else None
         except Exception as e:  # report and go on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         rows.append(row)
@@ -227,6 +276,14 @@ def main(_):
         device = f"{r['device_us']:.1f} | {r['device_pct_floor']:.1f}" if "device_us" in r else "- | -"
         print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['splits']} | {r['epilogue']} | {r['cluster']} | "
               f"{r.get('registers', '-')} | {spill} | {r['floor_ms']:.3f} | {timed} | {device} |")
+    for r in rows:
+        if t := r.get("timeline"):
+            pts = ", ".join(f"{k} {v['median']:.1f}/{v['max']:.1f}" for k, v in t["points"].items())
+            ph = ", ".join(f"{k} {v['median']:.2f}/{v['max']:.2f}" for k, v in t["phases"].items())
+            print(f"timeline ctx={r['ctx']} Q={r['q']} S={r['s']} splits={r['splits']}: {t['ctas']} CTAs on "
+                  f"{t['sms']} SMs; kernel {t.get('device_us')} us (busy {t.get('busy_us')}), outside CTAs "
+                  f"{t.get('outside_ctas_us')}; points us median/max: {pts}; phases us median/max: {ph}; "
+                  f"median end by run: {t['end_by_run']}")
     for r in rows:
         if p := r.get("profile"):
             phases = ", ".join(f"{n} {v['median']:.1f}/{v['max']:.1f}" for n, v in p["phases"].items())

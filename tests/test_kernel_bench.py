@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECK = """
@@ -73,9 +76,10 @@ def test_mla_mosaic_probe_lowers():
     """experiments/mla_mosaic_probe.py --lower_only: the Mosaic GPU kernel in clusters of two and of
     one, whole and with each stream's context split into 3 runs, with both epilogues (O by TMA from
     Q's shared memory, or from registers), lowered for CUDA on the CPU, also with the in-kernel
-    profiler (--profile: its buffer must fit the shared memory left over)."""
+    profiler (--profile: its buffer must fit the shared memory left over) and with the timeline's
+    %globaltimer stores (--timeline)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "experiments/mla_mosaic_probe.py", "--lower_only", "--profile",
+    out = subprocess.run([sys.executable, "experiments/mla_mosaic_probe.py", "--lower_only", "--profile", "--timeline",
                           "--shapes=1024:2:2,1024:3:1,2048:1:2", "--splits=1,3", "--epilogues=tma,registers"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
@@ -136,6 +140,33 @@ def test_mla_bench_device_time_is_per_call(monkeypatch):
                top_kernels=got["top"])
     assert "device 0.020 ms 10.0% (3 kernels: body_mosaic_gpu_kernel 15.0 us)" in mla_bench._fmt(row)
     assert "| 0.020 | 10.0 |" in mla_bench.table([row])
+
+
+def test_mla_mosaic_probe_summarises_the_timeline():
+    """timeline_summary on a context_attention timeline [S=1, B=2, K=2, point]: the low word of
+    %globaltimer wraps between CTAs (the first start is 2^32 - 1000 ns); times come out in us after
+    the first start; the run that ends last is run 1."""
+    from experiments.mla_mosaic_probe import timeline_summary
+    from pallas_kernels.mla_attention.mosaic_gpu import TIMELINE
+    assert TIMELINE[-1] == "smid"
+    base = 2 ** 32 - 1000
+    # ns after base: start, q_ready, loops_done, sums_done, stores_issued, end, loops_done_1, last_load
+    ctas = [[0, 1000, 40000, 40200, 41100, 41700, 39800, 36000],
+            [100, 1100, 41000, 41200, 42100, 42700, 40800, 37000],
+            [0, 900, 42000, 42300, 43200, 43800, 42100, 38000],
+            [200, 1200, 44000, 44200, 45100, 45800, 44300, 40000]]
+    raw = np.array([[(base + np.array(c)) % 2 ** 32 for c in ctas]], np.int64)    # [1, 4, 8]
+    raw = np.concatenate([raw, np.arange(4)[None, :, None] + 7], axis=2)          # smid 7..10
+    times = (raw - (raw >= 2 ** 31) * 2 ** 32).astype(np.int32).reshape(1, 2, 2, len(TIMELINE))
+    got = timeline_summary(times, device_us=48.0)
+    assert got["ctas"] == 4 and got["sms"] == 4
+    assert got["points"]["start"] == dict(min=0.0, median=0.05, max=0.2)
+    assert got["points"]["end"]["max"] == 45.8 and got["outside_ctas_us"] == pytest.approx(2.2)
+    assert got["phases"]["wait_q"] == dict(min=0.9, median=1.0, max=1.0)
+    assert got["phases"]["store_wait"]["median"] == pytest.approx(0.6)
+    assert got["phases"]["consumer_skew"]["min"] == pytest.approx(-0.2)
+    assert got["end_by_run"] == [42.75, 44.25]       # CTAs (run 0: 41.7, 43.8), (run 1: 42.7, 45.8)
+    assert np.array(got["raw_us"]).shape == (4, 8)
 
 
 def test_mla_mosaic_probe_reads_the_profiler_trace():

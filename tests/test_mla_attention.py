@@ -9,6 +9,7 @@ the GPU, with NaN-poisoned (aliased) output buffers so unwritten rows fail.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import jax
@@ -586,6 +587,39 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue):
     np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
     seen = np.isfinite(np.asarray(lse_ref))
     np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)
+
+
+@pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.parametrize("cluster,splits", [(1, 1), (2, 3)])
+def test_gpu_mosaic_timeline(cluster, splits):
+    """context_attention(timeline=True): the same O and lse as without it, and for every CTA
+    (stream, row block, run) the TIMELINE points in the order the kernel passes them (the low
+    word of %globaltimer, compared modulo 2^32), within a second of each other, on an SM id."""
+    ctx_lens = jnp.asarray([0, 300, 2100], jnp.int32)
+    rng = fresh_rng()
+    q = jnp.asarray(rng.standard_normal((3, 128, 576)), jnp.bfloat16)
+    kv = jnp.asarray(rng.standard_normal((3, 2200, 576)), jnp.bfloat16)
+    bits = jnp.asarray(random_tail_bits(rng, [c // mosaic_gpu.PAIR for c in [0, 300, 2100]], 4, 128, 2200,
+                                        np.zeros((3, 128), bool)))
+    run = functools.partial(mosaic_gpu.context_attention, num_q=8, scale=0.04, v_dim=512, cluster=cluster,
+                            splits=splits)
+    o, lse = jax.jit(run)(q, kv, ctx_lens, bits)
+    o_t, lse_t, times = jax.jit(functools.partial(run, timeline=True))(q, kv, ctx_lens, bits)
+    np.testing.assert_array_equal(np.asarray(o_t), np.asarray(o))
+    np.testing.assert_array_equal(np.asarray(lse_t), np.asarray(lse))
+    names = mosaic_gpu.TIMELINE
+    times = np.asarray(times).astype(np.int64)
+    assert times.shape == (3, 2, splits, len(names))
+    t = times[..., :-1].reshape(-1, len(names) - 1)
+    t = (t - t[:, :1] + 2 ** 31) % 2 ** 32 - 2 ** 31       # signed ns after each CTA's start (the producer may be first)
+    at = {n: t[:, i] for i, n in enumerate(names[:-1])}
+    order = ["start", "q_ready", "loops_done", "sums_done", "stores_issued", "end"]
+    for a, b in zip(order, order[1:]):
+        assert (at[a] <= at[b]).all(), (a, b, at[a], at[b])
+    assert (at["loops_done_1"] <= at["end"]).all() and (at["last_load"] <= at["end"]).all()
+    assert (at["end"] < 10 ** 9).all() and (at["last_load"] > -10 ** 9).all()
+    smid = times[..., -1]
+    assert ((smid >= 0) & (smid < 1024)).all()
 
 
 def test_run_bounds_balance_the_runs():

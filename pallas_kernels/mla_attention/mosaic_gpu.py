@@ -61,6 +61,11 @@ PAIR = 2 * BLOCK_K  # keys per step of the two consumers; the kernel covers ctx 
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
 EPILOGUES = ("tma", "registers")   # how the consumers write O (context_attention(epilogue=))
 PROFILE_RANGES = 16  # phase entries the profiler may record per warpgroup (context_attention(profile_dir=))
+# context_attention(timeline=True)'s columns per CTA: %globaltimer's low word (ns) when consumer 0
+# starts, has Q, leaves its loops, has both row sums, has issued O's stores, ends; when consumer 1
+# leaves its loops; when the producer has issued its last load; and the CTA's SM (%smid).
+TIMELINE = ("start", "q_ready", "loops_done", "sums_done", "stores_issued", "end", "loops_done_1",
+            "last_load", "smid")
 
 
 def supported(dk: int, v_dim: int, dtype) -> str | None:
@@ -75,7 +80,7 @@ def supported(dk: int, v_dim: int, dtype) -> str | None:
 
 
 def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v_dim: int, cluster: int = 1,
-                      splits: int = 1, profile_dir: str = "", epilogue: str = "tma"):
+                      splits: int = 1, profile_dir: str = "", epilogue: str = "tma", timeline: bool = False):
     """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), ctx_lens [S] int32 (>= 0), tail_bits [S, W, R]
     int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): with pairs = ctx_lens // 128 and
     tail_tiles = ceil((ctx_lens % 128 + num_q) / 64) (`tail_counts`, derived in the kernel: no XLA
@@ -98,7 +103,10 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     from the accumulator's registers (the slower form, kept for the A/B of mla_mosaic_probe.py).
     profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
-    Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it)."""
+    Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it).
+    timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)]: when each CTA passed the
+    points TIMELINE names, read from %globaltimer by plain stores (no profiler buffer, no extra
+    synchronisation: experiments/mla_mosaic_probe.py --timeline)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -119,8 +127,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     index_required = inspect.signature(plmg.load).parameters["idx"].default is inspect.Parameter.empty
     load = (lambda ref, **kw: plmg.load(ref, (), **kw)) if index_required else plmg.load
 
-    def body(q_ref, kv_ref, ctx_ref, bits_ref, o_ref, lse_ref, q_space, k_smem, p_smem, stat_smem,
-             slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
+    def body(q_ref, kv_ref, ctx_ref, bits_ref, o_ref, lse_ref, times_ref=None, *, q_space, k_smem, p_smem,
+             stat_smem, slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
         q_smem, o_stage = q_space     # O is staged where Q was, once both consumers are done with Q
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 1 consumer 0's row sum, row 2 consumer 1's, then lse.
@@ -146,6 +154,10 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
         tail_first = first + plain - ctx_pairs    # the run's first tail pair, counted from the tail's start
         num_tiles = 2 * num_pairs - half_tail
 
+        def stamp(point: str):
+            if timeline:
+                _stamp(times_ref.at[s, block, split if splits > 1 else 0], TIMELINE.index(point))
+
         def tile_keys(j):
             return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
 
@@ -166,6 +178,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                 for j in range(2):
                     pl.when(num_tiles > j)(functools.partial(prefetch, j))
                 pl.loop(2, num_tiles)(load)
+            stamp("last_load")
 
         def consumer(w: int):
             """Consumer w: scores tiles 2i + w (slot w), owns output columns [w, w + 1) * half."""
@@ -173,8 +186,13 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             cols = pl.ds(w * half, half)
             plmg.set_max_registers(232, action="increase")
             slot_smem[w] = jnp.int32(w)
+            if w == 0:
+                stamp("start")
+                stamp("smid")
             with jax.named_scope("wait_q"):
                 plmg.barrier_wait(q_bar)
+            if w == 0:
+                stamp("q_ready")
 
             def scores(mine):
                 plmg.barrier_wait(k_full.at[w])
@@ -273,6 +291,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                     plmg.barrier_arrive(l_bar)
                     plmg.barrier_wait(l_bar)
                     l_tot = l + load(stat_smem.at[their_row], layout=row_layout)
+                if w == 0:
+                    stamp("sums_done")
                 # Normalise and write O 64 columns at a time; a row that saw no key gives zeros and
                 # lse -inf (its row max -inf, its row sum 0).
                 inv = lax.broadcast_in_dim(1.0 / jnp.where(l_tot > 0, l_tot, 1.0), (BLOCK_Q, 64), [0])
@@ -288,6 +308,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                             o_stage.at[w, j][...] = o_j
                             plmg.commit_smem()
                             plmg.copy_smem_to_gmem(o_stage.at[w, j], out_at)
+                if w == 0:
+                    stamp("stores_issued")
                 if w == 0:       # row 2: consumer 1's row sum, read only by consumer 0 (above)
                     with jax.named_scope("lse"):
                         stat_smem[2] = m + jnp.log2(l_tot)
@@ -299,6 +321,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                 if cluster > 1:   # no CTA may exit while another can still arrive on its barriers
                     plmg.barrier_arrive(done)
                     plmg.barrier_wait(done)
+                if w == 0:
+                    stamp("end")
 
             m0 = plmg.layout_cast(jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32), row_layout)
             l0 = plmg.layout_cast(jnp.full((BLOCK_Q,), 0.0, jnp.float32), row_layout)
@@ -309,6 +333,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             with jax.named_scope("tail"):
                 carry = lax.fori_loop(0, masked, step(True), carry)
                 acc, m, l = lax.fori_loop(masked, masked + half_tail, step(True, half_pair=True), carry)
+            stamp("loops_done" if w == 0 else "loops_done_1")
             with jax.named_scope("epilogue"):
                 finish(acc, m, l)
 
@@ -345,6 +370,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
         out_type = (jax.ShapeDtypeStruct((splits, num_s, rows, v_dim), q.dtype),
                     jax.ShapeDtypeStruct((splits, num_s, rows), jnp.float32))
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s, splits), ("rows", "stream", "split")
+    if timeline:
+        out_type += (jax.ShapeDtypeStruct((num_s, rows // BLOCK_Q, splits, len(TIMELINE)), jnp.int32),)
     kernel = plmg.kernel(
         body,
         out_type=out_type,
@@ -357,6 +384,21 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             **(dict(profile_space=PROFILE_RANGES, profile_dir=profile_dir) if profile_dir else {})),
     )
     return kernel(q, kv, ctx_lens.astype(jnp.int32), tail_bits.astype(jnp.int32))
+
+
+def _stamp(ref, column: int):
+    """ref[column] = %globaltimer's low word (ns; %smid for column "smid"), an int32 store to
+    global memory from every thread that runs it (they race to write about the same value)."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import memref
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jax.experimental.pallas import mosaic_gpu as plmg
+
+    @plmg.inline_mgpu(arg_types=(plmg.RefType(),))
+    def store(_, gmem):
+        value = mgpu_utils.smid() if TIMELINE[column] == "smid" else mgpu_utils.globaltimer("low")
+        memref.store(value, gmem, [mgpu_utils.c(column, ir.IndexType.get())])
+    store(ref)
 
 
 def tail_counts(ctx_lens, num_q: int):
