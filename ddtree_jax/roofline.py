@@ -92,15 +92,15 @@ class Calibration:
 
 CALIBRATIONS = {
     "measured": Calibration(
-        "measured", moe_bw_eff=0.68, moe_mm_eff=0.28, moe_min_us=105, attn_eff=0.90, attn_fixed_us=20,
+        "measured", moe_bw_eff=0.68, moe_mm_eff=0.28, moe_min_us=105, attn_eff=0.85, attn_fixed_us=14,
         dense_bw_eff=0.80, dense_mm_eff=0.80, comm_eff=0.80, layer_us=30, step_us=300,
         source="this repo's H200 kernels (BENCHMARKS.md, session 8: INT4 MoE 66-70% of copy at "
                "T=16..256 in device time, 102-108 us at T=1 (moe_h200_session8.md); session 9: "
                "28% of matmul at T=4096 (moe_large_t_h200_session9.md); "
-               "session 22: MLA attention (mosaic_gpu, H 8/32/64, ctx 4k-32k, device time) "
-               "20 us + floor / 0.90 gives 0.84-1.05x its 18 measured shapes, and 0.92-1.03x the six "
-               "shapes session 24 re-measured with the TMA epilogue; bf16-weight GEMMs "
-               "75-85% of copy); comm, layer and step terms assumed"),
+               "sessions 29-30: MLA attention (mosaic_gpu, device time, H 8 at ctx 4k-32k and H 64 "
+               "at ctx 8k-32k, Q 1-256, S 1-16: 43 shapes) 14 us + floor / 0.85 gives 0.86-1.17x "
+               "each (mla_bench_heads8_h200_session30, mla_bench_trace_h200_session29_sweep*); "
+               "bf16-weight GEMMs 75-85% of copy); comm, layer and step terms assumed"),
     "marlin": Calibration(
         "marlin", moe_bw_eff=0.70 / _COPY_RATIO, moe_mm_eff=0.25, moe_min_us=20, attn_eff=0.80,
         attn_fixed_us=10, dense_bw_eff=0.85, dense_mm_eff=0.80, comm_eff=0.80, layer_us=15,
