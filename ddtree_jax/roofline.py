@@ -98,7 +98,7 @@ CALIBRATIONS = {
                "T=16..256 in device time, 102-108 us at T=1 (moe_h200_session8.md); session 9: "
                "28% of matmul at T=4096 (moe_large_t_h200_session9.md); "
                "sessions 29-30: MLA attention (mosaic_gpu, device time, H 8 at ctx 4k-32k and H 64 "
-               "at ctx 8k-32k, Q 1-256, S 1-16: 43 shapes) 14 us + floor / 0.85 gives 0.86-1.17x "
+               "at ctx 8k-32k, Q 1-256, S 1-16: 48 shapes) 14 us + floor / 0.85 gives 0.86-1.18x "
                "each (mla_bench_heads8_h200_session30, mla_bench_trace_h200_session29_sweep*); "
                "bf16-weight GEMMs 75-85% of copy); comm, layer and step terms assumed"),
     "marlin": Calibration(

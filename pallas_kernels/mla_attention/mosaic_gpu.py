@@ -27,7 +27,7 @@ Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 tim
 shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
 the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16 and for one stream from Q 64 (at 32k
 from Q 16), and 74-83% for 32k decode at S 8-16; 1.9-5.7x faster than the xla path there. Its
-device time is about 14 us + floor / 0.85 (sessions 29-30, H 8 and 64: 0.86-1.17x at 43 shapes),
+device time is about 14 us + floor / 0.85 (sessions 29-30, H 8 and 64: 0.86-1.18x at 48 shapes),
 so calls whose floor is a few tens of us (8k decode, one stream of Q 16 at 8k) are mostly that
 fixed cost (session 29: 8k decode S 16 at 66% of the floor, 54 us, of which the merge and
 `prepare` are 4.3 us; 8k decode S 1 at 16%, 14 us, the kernel 9). The CTA timeline of session
