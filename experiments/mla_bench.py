@@ -20,12 +20,15 @@ config's time per shape, the fastest, and its speedup over the first config (the
       --parts    # where mosaic_gpu's time goes: XLA prep (query rows, tail words), kernel, combine
   python3 experiments/mla_bench.py --ctx=8192 --q=1 --streams=1,8 --impls=mosaic_gpu,xla --trace \
       --mosaic_splits=16,64    # device time per call and its kernels; mosaic_gpu at other run counts
+  python3 experiments/mla_bench.py --ctx=16384 --q=1,16 --streams=8,16 --impls=mosaic_gpu,xla --trace \
+      --lengths=uniform,spread --mosaic_balance   # ragged contexts (same total) against uniform ones
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import statistics
 import time
@@ -46,6 +49,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("ctx", ["1024", "8192", "32768"], "context lengths")
 flags.DEFINE_list("q", ["1", "16", "64", "256"], "new tokens (tree nodes) per stream")
 flags.DEFINE_list("streams", ["1", "8", "16"], "streams S")
+flags.DEFINE_list("lengths", ["uniform"], "per-stream contexts: 'uniform' (every stream's is ctx) and/or "
+                  "'spread' (stream i's is ctx * (2i + 1) / S: the same total as uniform, the longest ~2x ctx)")
 flags.DEFINE_integer("heads", 64, "query heads H")
 flags.DEFINE_integer("dk", 576, "latent width (kv_lora + rope)")
 flags.DEFINE_integer("v_dim", 512, "value width (kv_lora)")
@@ -67,6 +72,8 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation inside
                   "the host's dispatch, which time_in_graph still divides into small calls) and its top kernels")
 flags.DEFINE_list("mosaic_splits", [], "with --impls=mosaic_gpu: also time it with each of these run counts "
                   "per stream (rows 'mosaic_gpu sN'; the default row uses mosaic_gpu.split_count's rule)")
+flags.DEFINE_bool("mosaic_balance", False, "with --impls=mosaic_gpu: also time it with balance=True (the split "
+                  "runs shared out by the streams' pairs; for --lengths=spread)")
 flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it with each of these merges of "
                   "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'pallas')")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
@@ -127,10 +134,25 @@ def bushy_masks(rng, num_s: int, num_q: int) -> np.ndarray:
     return vis
 
 
+LENGTHS = ("uniform", "spread")
+
+
+def stream_contexts(ctx: int, num_s: int, lengths: str = "uniform") -> list[int]:
+    """Each stream's context: ctx for all ("uniform"), or ctx * (2i + 1) / S rounded for stream i
+    ("spread": evenly from ctx / S to about 2 ctx, summing to S * ctx up to rounding)."""
+    if lengths not in LENGTHS:
+        raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
+    if lengths == "uniform":
+        return [ctx] * num_s
+    return [round(ctx * (2 * i + 1) / num_s) for i in range(num_s)]
+
+
 def make_inputs(key, num_s, num_q, heads, dk, ctx, num_slots, sets):
+    """`sets` input sets (q, kv, ctx_lens, mask) of random bushy trees; ctx: one context for every
+    stream, or a list of S per-stream contexts."""
     rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
     mask = visibility_to_mask(bushy_masks(rng, num_s, num_q))
-    ctx_lens = jnp.full((num_s,), ctx, jnp.int32)
+    ctx_lens = jnp.asarray(np.broadcast_to(np.asarray(ctx, np.int32), (num_s,)))
     out = []
     for k in jax.random.split(key, sets):
         kq, kk = jax.random.split(k)
@@ -212,7 +234,7 @@ def two_pass_parts(args, cfg, scale: float, v_dim: int, sets) -> dict:
     pv = jax.jit(lambda p, m, l, kv, lens: two_pass.pv(p, m, l, kv, lens, out_dtype=q.dtype, **kw))
     p_sets = [(*scores(*a), a[1], a[2]) for a in args[:sets]]
     sec_scores, sec_pv = time_jax(scores, args[:sets]), time_jax(pv, p_sets)
-    work = 2 * num_s * num_q * num_h * (int(ctx_lens[0]) + num_q)    # this benchmark's contexts are uniform
+    work = 2 * num_q * num_h * int(jnp.sum(ctx_lens + num_q))
     return dict(scores_ms=sec_scores * 1e3, pv_ms=sec_pv * 1e3, scores_tflops=work * dk / sec_scores / 1e12,
                 pv_tflops=work * v_dim / sec_pv / 1e12)
 
@@ -233,22 +255,25 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
                kernel_ms=time_in_graph(kernel, prepared) * 1e3)
     if splits > 1:
         dtype = args[0][0].dtype
-        merge = jax.jit(lambda o, lse: mosaic_gpu.merge_runs(o, lse, dtype))
+        merge = jax.jit(lambda o, lse, lens: mosaic_gpu.merge_runs(o, lse, lens, dtype, num_q=args[0][0].shape[1]))
         out.update(merge=mla_merge.form_for(splits),
-                   merge_ms=time_in_graph(merge, [kernel(*p) for p in prepared]) * 1e3)
+                   merge_ms=time_in_graph(merge, [(*kernel(*p), p[2]) for p in prepared]) * 1e3)
     return out
 
 
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
-                  in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), log=print) -> list[dict]:
-    """Time every (ctx, Q, S) shape; returns one dict per (shape, implementation or config).
+                  in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), mosaic_balance=False,
+                  lengths=("uniform",), log=print) -> list[dict]:
+    """Time every (ctx, Q, S, lengths) shape; returns one dict per (shape, implementation or config).
 
-    The cache has aligned_slots(ctx + Q) slots, as engine.setup allocates; each stream's context
-    is ctx and the Q tree nodes' entries follow it. in_graph: also time_in_graph (graph_ms).
+    The cache has aligned_slots(longest context + Q) slots, as engine.setup allocates; each
+    stream's context is given by `stream_contexts(ctx, S, lengths)` (LENGTHS: uniform or spread,
+    the same total) and the Q tree nodes' entries follow it. in_graph: also time_in_graph (graph_ms).
     trace: also traced_in_graph (device_ms, its % of the floor, kernels, top_kernels).
     mosaic_splits: with "mosaic_gpu" in impls, also rows "mosaic_gpu sN" split into N runs.
     mosaic_merges: likewise rows "mosaic_gpu merge=M" (mosaic_gpu.MERGES) at the default run count.
+    mosaic_balance: likewise a row "mosaic_gpu balanced" (mla_attention_mosaic(balance=True)).
 
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
@@ -261,82 +286,85 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     scale = dk ** -0.5
     rows = []
     t_start = time.perf_counter()
-    for ctx in ctxs:
-        for num_q in qs:
-            for num_s in streams:
-                if budget_s > 0 and time.perf_counter() - t_start > budget_s:
-                    log(f"ctx={ctx:6d} Q={num_q:4d} S={num_s:3d} skipped: past --budget_s={budget_s:.0f}")
-                    continue
-                num_slots = aligned_slots(ctx + num_q)     # the cache as engine.setup allocates it
-                flops = 2 * num_s * num_q * heads * (ctx + num_q) * (dk + v_dim)
-                nbytes = 2 * num_s * ((ctx + num_q) * dk + num_q * heads * (dk + v_dim))
-                floor = max(nbytes / copy_bw, flops / rate)
-                sets = int(min(8, max(2, -(-(256 << 20) // (2 * num_s * num_slots * dk)))))
-                args = make_inputs(jax.random.key(ctx * 7 + num_q * 3 + num_s), num_s, num_q, heads, dk,
-                                   ctx, num_slots, sets)
-                fns = {}
-                if "xla" in impls:
-                    fns["xla"] = jax.jit(lambda *a: xla.mla_attention_xla(*a, scale=scale, v_dim=v_dim))
-                if "pallas_triton" in impls:
-                    for name, cfg in configs.items():
-                        fns[f"pallas {name}"] = jax.jit(
-                            lambda *a, cfg=cfg: pallas_triton.mla_attention_pallas(
-                                *a, scale=scale, v_dim=v_dim, config=cfg))
-                if "mosaic_gpu" in impls:
-                    fns["mosaic_gpu"] = jax.jit(
-                        lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim))
-                    for n in mosaic_splits:
-                        fns[f"mosaic_gpu s{n}"] = jax.jit(
-                            lambda *a, n=n: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, splits=n))
-                    for m in mosaic_merges:
-                        fns[f"mosaic_gpu merge={m}"] = jax.jit(
-                            lambda *a, m=m: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, merge=m))
-                if "auto" in impls:
-                    auto = registry.get("mla_attention", "auto")
-                    fns["auto"] = jax.jit(lambda *a: auto(*a, scale=scale, v_dim=v_dim))
-                ref = fns["xla"](*args[0]) if "xla" in fns else None
-                if any(name != "xla" for name in fns):
-                    gold_idx, gold = golden_slice(args[0], scale, v_dim)
-                for name, fn in fns.items():
-                    row = dict(ctx=ctx, q=num_q, s=num_s, impl=name, flops=flops, bytes=nbytes,
-                               floor_ms=floor * 1e3)
-                    try:
-                        if name != "xla":
-                            out = np.asarray(fn(*args[0]))
-                            row["rel_err_golden"] = _rel(out[gold_idx], gold)
-                            if ref is not None:
-                                row["rel_err_vs_xla"] = _rel(out, np.asarray(ref, np.float64))
-                            if max(row["rel_err_golden"], row.get("rel_err_vs_xla", 0.0)) > _GOLDEN_TOL:
-                                raise AssertionError(f"wrong output: {row['rel_err_golden']:.1e} vs golden, "
-                                                     f"{row.get('rel_err_vs_xla', 0.0):.1e} vs xla")
-                            del out
-                        sec = time_jax(fn, args)
-                        row.update(ms=sec * 1e3, pct_floor=100 * floor / sec, tflops=flops / sec / 1e12)
-                        batched = graph_of(fn)
-                        if in_graph:
-                            sec = time_in_graph(fn, args, batched=batched)
-                            row.update(graph_ms=sec * 1e3, graph_pct_floor=100 * floor / sec)
-                        if trace and (traced := traced_in_graph(fn, args, batched=batched)):
-                            row.update(device_ms=traced["busy_us"] / 1e3,
-                                       device_pct_floor=100 * floor * 1e6 / traced["busy_us"],
-                                       kernels=traced["kernels"], top_kernels=traced["top"])
-                        if parts and name == "mosaic_gpu":
-                            row.update(mosaic_parts(args, scale, v_dim))
-                        elif parts and name.startswith("pallas"):
-                            cfg = (configs[name.removeprefix("pallas ")]
-                                   or pallas_triton.select_config(num_q * heads, num_slots, v_dim, num_s))
-                            if isinstance(cfg, two_pass.TwoPassConfig):
-                                row.update(two_pass_parts(args, cfg, scale, v_dim, min(2, len(args))))
-                    except Exception as e:  # one failing config must not end the sweep
-                        row["error"] = f"{type(e).__name__}: {_short(e)}"
-                    rows.append(row)
-                    log(_fmt(row))
-                del args, ref
+    for ctx, num_q, num_s, spread in itertools.product(ctxs, qs, streams, lengths):
+        if budget_s > 0 and time.perf_counter() - t_start > budget_s:
+            log(f"ctx={ctx:6d} Q={num_q:4d} S={num_s:3d} {spread} skipped: past --budget_s={budget_s:.0f}")
+            continue
+        contexts = stream_contexts(ctx, num_s, spread)
+        num_slots = aligned_slots(max(contexts) + num_q)     # the cache as engine.setup allocates it
+        flops = 2 * num_q * heads * (sum(contexts) + num_s * num_q) * (dk + v_dim)
+        nbytes = 2 * ((sum(contexts) + num_s * num_q) * dk + num_s * num_q * heads * (dk + v_dim))
+        floor = max(nbytes / copy_bw, flops / rate)
+        sets = int(min(8, max(2, -(-(256 << 20) // (2 * num_s * num_slots * dk)))))
+        args = make_inputs(jax.random.key(ctx * 7 + num_q * 3 + num_s), num_s, num_q, heads, dk,
+                           contexts, num_slots, sets)
+        fns = {}
+        if "xla" in impls:
+            fns["xla"] = jax.jit(lambda *a: xla.mla_attention_xla(*a, scale=scale, v_dim=v_dim))
+        if "pallas_triton" in impls:
+            for name, cfg in configs.items():
+                fns[f"pallas {name}"] = jax.jit(
+                    lambda *a, cfg=cfg: pallas_triton.mla_attention_pallas(
+                        *a, scale=scale, v_dim=v_dim, config=cfg))
+        if "mosaic_gpu" in impls:
+            fns["mosaic_gpu"] = jax.jit(
+                lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim))
+            for n in mosaic_splits:
+                fns[f"mosaic_gpu s{n}"] = jax.jit(
+                    lambda *a, n=n: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, splits=n))
+            if mosaic_balance:
+                fns["mosaic_gpu balanced"] = jax.jit(
+                    lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, balance=True))
+            for m in mosaic_merges:
+                fns[f"mosaic_gpu merge={m}"] = jax.jit(
+                    lambda *a, m=m: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, merge=m))
+        if "auto" in impls:
+            auto = registry.get("mla_attention", "auto")
+            fns["auto"] = jax.jit(lambda *a: auto(*a, scale=scale, v_dim=v_dim))
+        ref = fns["xla"](*args[0]) if "xla" in fns else None
+        if any(name != "xla" for name in fns):
+            gold_idx, gold = golden_slice(args[0], scale, v_dim)
+        for name, fn in fns.items():
+            row = dict(ctx=ctx, q=num_q, s=num_s, lengths=spread, impl=name, flops=flops,
+                       bytes=nbytes, floor_ms=floor * 1e3)
+            try:
+                if name != "xla":
+                    out = np.asarray(fn(*args[0]))
+                    row["rel_err_golden"] = _rel(out[gold_idx], gold)
+                    if ref is not None:
+                        row["rel_err_vs_xla"] = _rel(out, np.asarray(ref, np.float64))
+                    if max(row["rel_err_golden"], row.get("rel_err_vs_xla", 0.0)) > _GOLDEN_TOL:
+                        raise AssertionError(f"wrong output: {row['rel_err_golden']:.1e} vs golden, "
+                                             f"{row.get('rel_err_vs_xla', 0.0):.1e} vs xla")
+                    del out
+                sec = time_jax(fn, args)
+                row.update(ms=sec * 1e3, pct_floor=100 * floor / sec, tflops=flops / sec / 1e12)
+                batched = graph_of(fn)
+                if in_graph:
+                    sec = time_in_graph(fn, args, batched=batched)
+                    row.update(graph_ms=sec * 1e3, graph_pct_floor=100 * floor / sec)
+                if trace and (traced := traced_in_graph(fn, args, batched=batched)):
+                    row.update(device_ms=traced["busy_us"] / 1e3,
+                               device_pct_floor=100 * floor * 1e6 / traced["busy_us"],
+                               kernels=traced["kernels"], top_kernels=traced["top"])
+                if parts and name == "mosaic_gpu":
+                    row.update(mosaic_parts(args, scale, v_dim))
+                elif parts and name.startswith("pallas"):
+                    cfg = (configs[name.removeprefix("pallas ")]
+                           or pallas_triton.select_config(num_q * heads, num_slots, v_dim, num_s))
+                    if isinstance(cfg, two_pass.TwoPassConfig):
+                        row.update(two_pass_parts(args, cfg, scale, v_dim, min(2, len(args))))
+            except Exception as e:  # one failing config must not end the sweep
+                row["error"] = f"{type(e).__name__}: {_short(e)}"
+            rows.append(row)
+            log(_fmt(row))
+        del args, ref
     return rows
 
 
 def _fmt(r: dict) -> str:
-    head = f"ctx={r['ctx']:6d} Q={r['q']:4d} S={r['s']:3d} {r['impl']:22s}"
+    spread = " spread" if r.get("lengths") == "spread" else ""
+    head = f"ctx={r['ctx']:6d}{spread} Q={r['q']:4d} S={r['s']:3d} {r['impl']:22s}"
     if "error" in r:
         return f"{head} ERROR {r['error']}"
     err = f" gold={r['rel_err_golden']:.1e}" if "rel_err_golden" in r else ""
@@ -357,13 +385,14 @@ def _fmt(r: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     """Markdown: one line per shape, the best of the kernels (pallas configs, mosaic_gpu, auto) vs xla;
-    in-graph: that kernel's time_in_graph, device: its traced device-busy time (where measured)."""
+    in-graph: that kernel's time_in_graph, device: its traced device-busy time (where measured).
+    ctx carries "spread" where the streams' contexts spread around it (stream_contexts)."""
     out = ["| ctx | Q | S | GFLOP | MB | floor ms | best ms | % floor | in-graph ms | in-graph % floor "
            "| device ms | device % floor | xla ms | speedup | kernel |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    shapes = sorted({(r["ctx"], r["q"], r["s"]) for r in rows})
-    for shape in shapes:
-        rs = [r for r in rows if (r["ctx"], r["q"], r["s"]) == shape and "ms" in r]
+    key = lambda r: (r["ctx"], r["q"], r["s"], r.get("lengths", "uniform"))  # noqa: E731
+    for shape in sorted({key(r) for r in rows}):
+        rs = [r for r in rows if key(r) == shape and "ms" in r]
         pal = [r for r in rs if r["impl"] != "xla"]
         xla = [r for r in rs if r["impl"] == "xla"]
         if not pal:
@@ -373,7 +402,8 @@ def table(rows: list[dict]) -> str:
         graph = f"{best['graph_ms']:.3f} | {best['graph_pct_floor']:.1f}" if "graph_ms" in best else "- | -"
         graph += (f" | {best['device_ms']:.3f} | {best['device_pct_floor']:.1f}" if "device_ms" in best
                   else " | - | -")
-        out.append(f"| {shape[0]} | {shape[1]} | {shape[2]} | {best['flops'] / 1e9:.1f} | "
+        ctx = f"{shape[0]}" + (" spread" if shape[3] == "spread" else "")
+        out.append(f"| {ctx} | {shape[1]} | {shape[2]} | {best['flops'] / 1e9:.1f} | "
                    f"{best['bytes'] / 1e6:.1f} | {best['floor_ms']:.3f} | {best['ms']:.3f} | "
                    f"{best['pct_floor']:.1f} | {graph} | {x} | {best['impl']} |")
     return "\n".join(out)
@@ -383,9 +413,9 @@ def variants_table(rows: list[dict], names: list[str]) -> str:
     """Markdown: per shape, each pallas config's ms (% of floor), the fastest, its speedup over names[0]."""
     out = ["| ctx | Q | S | " + " | ".join(names) + " | fastest | vs " + names[0] + " |",
            "|---:|---:|---:|" + "---:|" * len(names) + "---|---:|"]
-    for shape in sorted({(r["ctx"], r["q"], r["s"]) for r in rows}):
-        by_name = {r["impl"][7:]: r for r in rows
-                   if (r["ctx"], r["q"], r["s"]) == shape and r["impl"].startswith("pallas")}
+    key = lambda r: (r["ctx"], r["q"], r["s"], r.get("lengths", "uniform"))  # noqa: E731
+    for shape in sorted({key(r) for r in rows}):
+        by_name = {r["impl"][7:]: r for r in rows if key(r) == shape and r["impl"].startswith("pallas")}
         cells = [f"{by_name[n]['ms']:.3f} ({by_name[n]['pct_floor']:.0f}%)" if "ms" in by_name.get(n, {})
                  else ("error" if n in by_name else "-") for n in names]
         timed = [n for n in names if "ms" in by_name.get(n, {})]
@@ -394,7 +424,8 @@ def variants_table(rows: list[dict], names: list[str]) -> str:
         best = min(timed, key=lambda n: by_name[n]["ms"])
         base = by_name.get(names[0], {})
         gain = f"{base['ms'] / by_name[best]['ms']:.2f}x" if "ms" in base else "-"
-        out.append(f"| {shape[0]} | {shape[1]} | {shape[2]} | " + " | ".join(cells) + f" | {best} | {gain} |")
+        ctx = f"{shape[0]}" + (" spread" if shape[3] == "spread" else "")
+        out.append(f"| {ctx} | {shape[1]} | {shape[2]} | " + " | ".join(cells) + f" | {best} | {gain} |")
     return "\n".join(out)
 
 
@@ -409,7 +440,8 @@ def main(_):
                          v_dim=FLAGS.v_dim, configs=configs, impls=tuple(FLAGS.impls), ceilings=ceilings,
                          budget_s=FLAGS.budget_s, parts=FLAGS.parts, in_graph=FLAGS.in_graph,
                          trace=FLAGS.trace, mosaic_splits=[int(n) for n in FLAGS.mosaic_splits],
-                         mosaic_merges=FLAGS.mosaic_merges)
+                         mosaic_merges=FLAGS.mosaic_merges, mosaic_balance=FLAGS.mosaic_balance,
+                         lengths=tuple(FLAGS.lengths))
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,

@@ -84,8 +84,8 @@ def timeline_summary(times, device_us: float | None = None) -> dict:
     point, then %smid) -> per point the us after the first CTA's start (min, median, max over
     CTAs), per phase the us each CTA spent (median, max), per run index k the median us at which
     its CTAs end (`end_by_run`: the runs that hold the tail end last), the SMs used, the raw
-    times (us, [CTA, point]) and, with the kernel's device time, the us outside every CTA
-    (the launch before the first start and the drain after the last end)."""
+    times (us, [CTA, point]) and each CTA's SM (`smid`), and, with the kernel's device time, the
+    us outside every CTA (the launch before the first start and the drain after the last end)."""
     from pallas_kernels.mla_attention.mosaic_gpu import TIMELINE
     raw = np.asarray(times).astype(np.int64)
     runs = raw.shape[2]
@@ -103,7 +103,7 @@ def timeline_summary(times, device_us: float | None = None) -> dict:
     out = dict(ctas=len(t), sms=int(len(np.unique(smid))), points={k: stat(v) for k, v in col.items()},
                phases={k: stat(v) for k, v in phases.items()},
                end_by_run=[round(float(x), 3) for x in end_by_run],
-               raw_us=np.round(t, 3).tolist())
+               raw_us=np.round(t, 3).tolist(), smid=smid.tolist())
     if device_us is not None:
         out["device_us"] = device_us
         out["outside_ctas_us"] = device_us - float(col["end"].max())
@@ -200,7 +200,8 @@ def main(_):
                                                           cluster=cluster, splits=splits, profile_dir=profile_dir,
                                                           epilogue=epilogue, timeline=timeline)
             # above one run, the parts merged as mla_attention_mosaic merges them
-            return ((o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse), lse)) + tuple(times)
+            merged = (o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse, args[2], num_q=num_q), lse)
+            return merged + tuple(times)
         fn = jax.jit(run)
         if FLAGS.lower_only:
             fn.trace(*operands).lower(lowering_platforms=("cuda",))

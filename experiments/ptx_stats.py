@@ -303,10 +303,10 @@ def dump_mla_merge(parts, streams, forms=("auto",), *, rows=64, v_dim=512, out_d
             form, _, shape = spec.partition(":")
             form = merge.form_for(k) if form == "auto" else form
             kc, warps = (int(x) for x in shape.split("x")) if shape else merge.STEP[form]
-            specs = (jax.ShapeDtypeStruct((k, num_s, rows, v_dim), jnp.bfloat16),
-                     jax.ShapeDtypeStruct((k, num_s, rows), jnp.float32))
-            jax.jit(lambda o, lse: merge.merge_splits(o, lse, jnp.bfloat16, kc=kc, warps=warps, form=form)
-                    ).trace(*specs).lower(lowering_platforms=("cuda",))
+            specs = (jax.ShapeDtypeStruct((k * num_s, rows, v_dim), jnp.bfloat16),
+                     jax.ShapeDtypeStruct((k * num_s, rows), jnp.float32), jax.ShapeDtypeStruct((num_s,), jnp.int32))
+            jax.jit(lambda o, lse, lens: merge.merge_splits(o, lse, lens, jnp.bfloat16, num_q=1, kc=kc, warps=warps,
+                                                            form=form)).trace(*specs).lower(lowering_platforms=("cuda",))
             key = f"mla_merge {form} kc{kc} w{warps} K={k} S={num_s}"
             manifest.append(dict(key=key, config=f"mla_merge {form} kc{kc} w{warps} K={k}", q=num_s, splits=k,
                                  ttir=_write(out_dir, key, cap.modules[-1]), num_warps=warps, num_stages=2))

@@ -48,7 +48,15 @@ tp = two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2)
 rows = mla_bench.run_mla_bench([70], [5], [2], heads=2, dk=48, v_dim=32, configs={'auto': None, tp.name: tp},
                                ceilings={'copy_tbps': 1.0, 'matmul_tflops_xla': 1.0, 'matmul_tflops_torch': 1.0},
                                parts=True, impls=('pallas_triton', 'xla', 'auto'), in_graph=True,
-                               trace=True, log=lambda _: None)
+                               trace=True, lengths=('uniform', 'spread'), log=lambda _: None)
+assert mla_bench.stream_contexts(70, 2, 'spread') == [35, 105]
+assert {r['lengths'] for r in rows} == {'uniform', 'spread'} and len(rows) == 8
+spread = [r for r in rows if r['lengths'] == 'spread']
+assert all(r['flops'] == s['flops'] and r['bytes'] == s['bytes'] for r, s in zip(rows[:4], spread))  # same total
+for r in spread:                                     # the ragged case checked against the golden too
+    assert 'error' not in r and r['ms'] > 0 and (r['impl'] == 'xla' or r['rel_err_golden'] < 1e-2), r
+assert '| 70 spread | 5 | 2 |' in mla_bench.table(rows)
+rows = [r for r in rows if r['lengths'] == 'uniform']
 by = {r['impl']: r for r in rows}
 assert set(by) == {'xla', 'pallas auto', 'pallas ' + tp.name, 'auto'}, set(by)
 for r in rows:
@@ -114,7 +122,8 @@ def test_mla_bench_mosaic_parts_with_the_twin():
     assert got["splits"] == 9 and got["merge"] == "rows", got   # merge.form_for(9)
     assert min(got["prep_ms"], got["kernel_ms"], got["merge_ms"]) > 0, got
     prepared = mosaic_gpu.prepare(*args[0])
-    o = mosaic_gpu.merge_runs(*twin(*prepared, num_q=3, scale=0.2, v_dim=32, splits=9), args[0][0].dtype)
+    o = mosaic_gpu.merge_runs(*twin(*prepared, num_q=3, scale=0.2, v_dim=32, splits=9), prepared[2],
+                              args[0][0].dtype, num_q=3)
     want = mla_attention_reference(*args[0], scale=0.2, v_dim=32)
     assert_close(o[:, :12].reshape(1, 3, 4, 32), want, 6e-3, "mosaic parts in order")   # bf16, as test_mla_attention
 
@@ -166,7 +175,7 @@ def test_mla_mosaic_probe_summarises_the_timeline():
     assert got["phases"]["store_wait"]["median"] == pytest.approx(0.6)
     assert got["phases"]["consumer_skew"]["min"] == pytest.approx(-0.2)
     assert got["end_by_run"] == [42.75, 44.25]       # CTAs (run 0: 41.7, 43.8), (run 1: 42.7, 45.8)
-    assert np.array(got["raw_us"]).shape == (4, 8)
+    assert np.array(got["raw_us"]).shape == (4, 8) and got["smid"] == [7, 8, 9, 10]
 
 
 def test_mla_mosaic_probe_reads_the_profiler_trace():

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import registry
-from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, mosaic_gpu, pallas_triton, two_pass,
+from pallas_kernels.mla_attention import (mla_attention, mask_to_visibility, mosaic_gpu, pallas_triton, runs, two_pass,
                                           visibility_to_mask, xla)
 from pallas_kernels.mla_attention.reference import (mla_attention_reference,
                                                     visibility_from_mask_reference)
@@ -407,12 +407,14 @@ MOSAIC_CASES = [  # (id, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): a
 
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"case{c[0]}")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("splits,merge", [(None, "pallas"), (3, "xla"), (3, "pallas"), (18, "pallas")])
-def test_mosaic_parts_around_the_kernel(case, dtype, splits, merge):
+@pytest.mark.parametrize("splits,merge,balance", [(None, "pallas", False), (3, "xla", False), (3, "pallas", False),
+                                                  (18, "pallas", False)])
+def test_mosaic_parts_around_the_kernel(case, dtype, splits, merge, balance):
     """mosaic_gpu's XLA work around the kernel (`prepare`: query rows and the tail's mask words),
     with the kernel replaced by its XLA twin: equals the golden; splits=3: each stream's pairs
     split into 3 runs (some empty) merged by combine_splits or by the Pallas merge kernel ("rows"
-    form), 18 runs (most empty) by its "parts" form; None: split_count's runs."""
+    form), 18 runs (most empty) by its "parts" form; None: split_count's runs; balance (the
+    next test's cases): the runs shared out by the streams' pairs (runs.run_schedule)."""
     cid, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
     q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim, n, ctx,
                                               ["bushy", "chain", "star"], dtype)
@@ -421,10 +423,18 @@ def test_mosaic_parts_around_the_kernel(case, dtype, splits, merge):
     qq = lay(q[..., :v_dim]) if apart else lay(q)
     out = mosaic_gpu.mla_attention_mosaic(qq, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim,
                                           heads_first=heads_first, context=mosaic_gpu.context_attention_xla,
-                                          splits=splits, merge=merge, **kw)
+                                          splits=splits, merge=merge, balance=balance, **kw)
     assert out.dtype == dtype
     ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=v_dim)
     assert_close(lay(out), ref, TOL[dtype], f"mosaic parts case {cid}")
+
+
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"case{c[0]}")
+@pytest.mark.parametrize("splits,merge", [(3, "xla"), (3, "pallas"), (18, "pallas")])
+def test_mosaic_parts_balanced(case, splits, merge):
+    """test_mosaic_parts_around_the_kernel with balance=True (bf16): S * splits runs shared out
+    by the streams' pairs (ragged contexts: a long stream takes most), merged per stream."""
+    test_mosaic_parts_around_the_kernel(case, jnp.bfloat16, splits, merge, True)
 
 
 @pytest.mark.parametrize("hopper,shape,slots,dtype,want", [
@@ -498,6 +508,18 @@ def test_mosaic_supported_says_why():
     assert "too wide" in mosaic_gpu.supported(640, 512, jnp.bfloat16)
 
 
+def test_mosaic_kernel_lowers_with_balanced_runs():
+    """context_attention(splits=3, balance=True) lowers for CUDA on the CPU (the schedule's scalar
+    code in the kernel), clusters of one and two."""
+    q = jax.ShapeDtypeStruct((3, 128, 576), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((3, 1024, 576), jnp.bfloat16)
+    lens, bits = jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 4, 128), jnp.int32)
+    for cluster in (1, 2):
+        run = functools.partial(mosaic_gpu.context_attention, num_q=5, scale=0.1, v_dim=512, cluster=cluster,
+                                splits=3, balance=True)
+        jax.jit(run).trace(q, kv, lens, bits).lower(lowering_platforms=("cuda",))
+
+
 def test_mosaic_context_bad_epilogue():
     q = jnp.zeros((1, 64, 576), jnp.bfloat16)
     kv = jnp.zeros((1, 256, 576), jnp.bfloat16)
@@ -558,14 +580,16 @@ CONTEXT_CASES = [  # (rows, cluster, ctx_lens, Q, splits, epilogue): pairs 0-64,
 
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
-@pytest.mark.parametrize("rows,cluster,ctx,num_q,splits,epilogue", CONTEXT_CASES)
-def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue):
+@pytest.mark.parametrize("rows,cluster,ctx,num_q,splits,epilogue,balance",
+                         [c + (False,) for c in CONTEXT_CASES] + [c + (True,) for c in CONTEXT_CASES if c[4] > 1])
+def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, balance):
     """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 1 to 6 tail
     tiles under random masks (odd counts end in half a pair, whose second tile's bits are set
     but must be ignored; stream 3's last tail tile reaches past the cache's 8200 slots; every
     other row of streams 0 and 2 has no tail key, so stream 0's rows with neither give zeros and
     -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
-    stale NaN); splits > 1: each run's part (some runs empty), then merged. Both epilogues."""
+    stale NaN); splits > 1: each run's part (balance: runs.run_schedule shares the 4 * splits CTAs
+    out by the streams' pairs, with splits 3 here 1, 1, 2 and 8 runs), then merged. Both epilogues."""
     ctx_lens = jnp.asarray(ctx, jnp.int32)
     counts = [c // mosaic_gpu.PAIR for c in ctx]
     rng = fresh_rng()
@@ -575,15 +599,18 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue):
     empty[[0, 2], ::2] = True
     bits = jnp.asarray(random_tail_bits(rng, counts, 12, rows, kv.shape[1], empty))
     run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, ctx_lens, bits, num_q=num_q, scale=0.04, v_dim=512,
-                                                             cluster=cluster, splits=splits, epilogue=epilogue))
+                                                             cluster=cluster, splits=splits, epilogue=epilogue,
+                                                             balance=balance))
     jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
     o, lse = run(q, kv)
     o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), ctx_lens,
-                                                      bits, num_q=num_q, scale=0.04, v_dim=512, splits=splits)
+                                                      bits, num_q=num_q, scale=0.04, v_dim=512, splits=splits,
+                                                      balance=balance)
     assert_close(o, o_ref, TOL[jnp.bfloat16], "context O")
     if splits > 1:
-        assert_close(mosaic_gpu.combine_splits(o, lse), mosaic_gpu.combine_splits(o_ref, lse_ref),
-                     TOL[jnp.bfloat16], "merged runs")
+        merged = [mosaic_gpu.combine_splits(a, b, ctx_lens, num_q=num_q, balance=balance)
+                  for a, b in ((o, lse), (o_ref, lse_ref))]
+        assert_close(*merged, TOL[jnp.bfloat16], "merged runs")
     np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
     seen = np.isfinite(np.asarray(lse_ref))
     np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)
@@ -627,7 +654,7 @@ def test_run_bounds_balance_the_runs():
     (the last run holds the tail)."""
     for total in range(0, 30):
         for splits in range(1, 10):
-            bounds = [tuple(int(x) for x in mosaic_gpu.run_bounds(jnp.int32(total), splits, jnp.int32(k)))
+            bounds = [tuple(int(x) for x in runs.run_bounds(jnp.int32(total), splits, jnp.int32(k)))
                       for k in range(splits)]
             assert bounds[0][0] == 0 and sum(n for _, n in bounds) == total, (total, splits, bounds)
             assert all(f + n == g for (f, n), (g, _) in zip(bounds, bounds[1:])), (total, splits, bounds)
@@ -635,14 +662,18 @@ def test_run_bounds_balance_the_runs():
             assert sizes == sorted(sizes) and sizes[-1] - sizes[0] <= 1, (total, splits, bounds)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3])
-def test_mosaic_context_twin_matches_its_contract(splits):
+@pytest.mark.parametrize("splits,balance", [(1, False), (2, False), (3, False), (2, True), (3, True)])
+def test_mosaic_context_twin_matches_its_contract(splits, balance):
     """context_attention_xla (what the GPU test holds the kernel to) against a float64 loop over
     context_attention's contract: every key below 128 pairs, then tail key 128 pairs + t (t below
-    64 tail tiles) where its bit is set; runs of `run_bounds` over pairs + ceil(tail_tiles / 2).
-    Pairs 0 / 1 / 2, tail tiles 1 / 3 / 1 (odd: half pairs)."""
+    64 tail tiles) where its bit is set; splits > 1: part f is run f % splits of stream f //
+    splits, or with balance run k of stream s under the schedule (tests/test_mla_merge.py's
+    schedule_py: 3 * splits CTAs shared out by the streams' pairs; splits 3: 2, 2, 5 runs, stream
+    0's first empty), runs of `run_bounds` over pairs + ceil(tail_tiles / 2).
+    Pairs 0 / 1 / 6, tail tiles 1 / 3 / 1 (odd: half pairs)."""
+    from tests.test_mla_merge import schedule_py, totals_py
     rng = fresh_rng()
-    ctx, num_q, rows, n = [3, 198, 256], 60, 8, 300
+    ctx, num_q, rows, n = [3, 198, 768], 60, 8, 900
     counts = [c // mosaic_gpu.PAIR for c in ctx]
     tails = [-(-(c % mosaic_gpu.PAIR + num_q) // mosaic_gpu.BLOCK_K) for c in ctx]
     assert tails == [1, 3, 1]
@@ -652,26 +683,30 @@ def test_mosaic_context_twin_matches_its_contract(splits):
     q, kv = rng.standard_normal((3, rows, 16)), rng.standard_normal((3, n, 16))
     o, lse = mosaic_gpu.context_attention_xla(jnp.asarray(q, jnp.float32), jnp.asarray(kv, jnp.float32),
                                               jnp.asarray(ctx), jnp.asarray(bits), num_q=num_q,
-                                              scale=0.3, v_dim=8, splits=splits)
-    if splits == 1:
-        o, lse = o[None], lse[None]
+                                              scale=0.3, v_dim=8, splits=splits, balance=balance)
+    if not balance:
+        runs_of, firsts = [splits] * 3, [0, splits, 2 * splits]
+    else:
+        runs_of, firsts = schedule_py(totals_py(ctx, num_q), 3 * splits)
+        assert splits != 3 or runs_of == [2, 2, 5]
     c = 0.3 * np.log2(np.e)
     words = bits.view(np.uint32)
     for s in range(3):
-        total = counts[s] + -(-tails[s] // 2)
-        per, rem = divmod(total, splits)
-        for k in range(splits):
-            first = k * per + max(0, k - (splits - rem))
-            last = first + per + (k >= splits - rem)
+        total, k_s = counts[s] + -(-tails[s] // 2), runs_of[s]
+        per, rem = divmod(total, k_s)
+        for k in range(k_s):
+            first = k * per + max(0, k - (k_s - rem))
+            last = first + per + (k >= k_s - rem)
+            f = firsts[s] + k
             for r in range(rows):
                 start = mosaic_gpu.PAIR * counts[s]
                 keys = [j for j in range(mosaic_gpu.PAIR * first, min(mosaic_gpu.PAIR * last, n))
                         if j < start or (j - start < mosaic_gpu.BLOCK_K * tails[s]
                                          and words[s, (j - start) // 32, r] >> ((j - start) % 32) & 1)]
                 if not keys:
-                    assert lse[k, s, r] == -np.inf and not np.any(o[k, s, r]), (s, k, r)
+                    assert lse[f, r] == -np.inf and not np.any(o[f, r]), (s, k, r)
                     continue
                 st = c * kv[s, keys] @ q[s, r]
                 p = np.exp2(st - st.max())
-                np.testing.assert_allclose(o[k, s, r], p @ kv[s, keys, :8] / p.sum(), rtol=1e-4, atol=1e-5)
-                np.testing.assert_allclose(lse[k, s, r], st.max() + np.log2(p.sum()), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(o[f, r], p @ kv[s, keys, :8] / p.sum(), rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(lse[f, r], st.max() + np.log2(p.sum()), rtol=1e-5, atol=1e-5)

@@ -1,19 +1,21 @@
 """The split runs' merge as one Pallas:Triton kernel (the alternative to XLA's `combine_splits`).
 
-`mosaic_gpu.context_attention(splits=K)` leaves K parts per stream: O [K, S, R, v] (bf16 or
-float32, each normalised by its own row sum) and lse2 [K, S, R] float32 (log2 units, -inf for a
-run that saw no key). The merge weights part k by 2^(lse2_k - max_k lse2_k). XLA runs it as 2-5
-small kernels (reductions of different shapes do not fuse), each about 1-3 us on the H200 at the
-decode shapes (BENCHMARKS.md, issue 5, session 24). Here one kernel does it: program (s, row block,
-column block) walks the K parts kc at a time (kc independent [BR, BC] loads per step, so the
-partial sums stay in each thread's registers: a [kc, BR, BC] tile reduced over its first axis
-compiled to 164 shuffles and a shared-memory round trip per step), first the row maxima from
-lse2, then the weighted sums, and writes the output dtype. The grid gives the GPU enough
-programs even for one stream (8 rows x 64 or 32 columns each). That form ("rows") walks the runs
-in series, one warp per program, so at 132 runs XLA's reductions beat it. form="parts"
-(`_kernel_parts`) makes one online pass over [kc, 8, BC] tiles with several warps, so more parts are
-in flight at once. `form_for` picks per run count, from the H200 timings (BENCHMARKS.md, issue 5,
-sessions 26-28).
+`mosaic_gpu.context_attention(splits=K)` leaves W = S * K parts: O [W, R, v] (bf16 or float32, each
+normalised by its own row sum) and lse2 [W, R] float32 (log2 units, -inf for a run that saw no
+key), stream s's parts at s * K .. s * K + K - 1, or with balance at first[s] .. first[s] +
+count[s] - 1 of `runs.run_schedule` (K each when the contexts are equal; a long stream more). The
+merge weights part k by 2^(lse2_k - max_k lse2_k). XLA runs it as 2-5 small kernels (reductions of
+different shapes do not fuse), each about 1-3 us on the H200 at the decode shapes (BENCHMARKS.md,
+issue 5, session 24). Here one kernel does it: program (s, row block, column block) finds its
+stream's parts (with balance from the contexts: the kernel's rule, scalar ops), walks them kc at a
+time (kc independent [BR, BC] loads per step, so the partial sums stay in each thread's registers:
+a [kc, BR, BC] tile reduced over its first axis compiled to 164 shuffles and a shared-memory round
+trip per step), first the row maxima from lse2, then the weighted sums, and writes the output
+dtype. The grid gives the GPU enough programs even for one stream (8 rows x 64 or 32 columns each).
+That form ("rows") walks the runs in series, one warp per program, so at 132 runs XLA's reductions
+beat it. form="parts" (`_kernel_parts`) makes one online pass over [kc, 8, BC] tiles with several
+warps, so more parts are in flight at once. `form_for` picks per run count, from the H200 timings
+(BENCHMARKS.md, issue 5, sessions 26-28).
 """
 
 from __future__ import annotations
@@ -23,21 +25,36 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.mla_attention.runs import stream_runs, total_pairs
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 BR = 8              # rows per program
 MIN_PROGRAMS = 264  # two per SM of an H100 / H200: below, programs take 32 columns instead of 64
 
 
-def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
+def _stream_parts(ctx_ref, num_q: int, width: int, balance: bool):
+    """(first part, parts) of this program's stream (program axis 0): width / S each, or (balance)
+    under runs.run_schedule from the S contexts in ctx_ref (scalar loads: the kernel's own rule,
+    no schedule passed in)."""
+    num_s = ctx_ref.shape[0]
+    if not balance:
+        return pl.program_id(0) * (width // num_s), width // num_s
+    totals = [total_pairs(ctx_ref[j], num_q) for j in range(num_s)]
+    return stream_runs(totals, width, pl.program_id(0))
+
+
+def _kernel(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, bc: int, kc: int):
     out_ref = refs[-1]                                  # refs: (out,) or (aliased out, out)
     s, rb, cb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     rows, cols = pl.ds(rb * BR, BR), pl.ds(cb * bc, bc)
-    steps = -(-parts // kc)
+    first, parts = _stream_parts(ctx_ref, num_q, o_ref.shape[0], balance)
+    steps = -(-parts // kc) if isinstance(parts, int) else jax.lax.div(parts + kc - 1, kc)
+
+    def part(k):
+        return first + jnp.minimum(k, parts - 1)
 
     def lse_at(k):
-        return plgpu.load(lse_ref.at[jnp.minimum(k, parts - 1), s, rows], mask=jnp.full((BR,), k < parts),
-                          other=-jnp.inf)
+        return plgpu.load(lse_ref.at[part(k), rows], mask=jnp.full((BR,), k < parts), other=-jnp.inf)
 
     def top_step(c, m):
         for i in range(kc):
@@ -52,8 +69,7 @@ def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
         for i in range(kc):
             k = c * kc + i
             w = jnp.exp2(lse_at(k) - ref)                                               # [BR]
-            o = plgpu.load(o_ref.at[jnp.minimum(k, parts - 1), s, rows, cols],
-                           mask=jnp.full((BR, bc), k < parts), other=0)                   # [BR, BC]
+            o = plgpu.load(o_ref.at[part(k), rows, cols], mask=jnp.full((BR, bc), k < parts), other=0)   # [BR, BC]
             acc, den = acc + w[:, None] * o.astype(jnp.float32), den + w
         return acc, den
 
@@ -62,21 +78,23 @@ def _kernel(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
     out_ref[s, rows, cols] = (acc / jnp.where(den > 0, den, 1.0)[:, None]).astype(out_ref.dtype)
 
 
-def _kernel_parts(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
+def _kernel_parts(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, bc: int, kc: int):
     """form="parts": one pass; each step loads kc parts as one [kc, BR] lse tile and one
     [kc, BR, BC] O tile, rescales the running sums to the new row maxima (online, as flash
-    attention does) and adds the tile reduced over its parts. The last step's parts past K are
-    masked off (their loads predicated away: no memory traffic, no read past the arrays)."""
+    attention does) and adds the tile reduced over its parts. The last step's parts past the
+    stream's are masked off (their loads predicated away: no memory traffic, no read past the
+    arrays)."""
     out_ref = refs[-1]
     s, rb, cb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     rows, cols = pl.ds(rb * BR, BR), pl.ds(cb * bc, bc)
+    first, parts = _stream_parts(ctx_ref, num_q, o_ref.shape[0], balance)
 
     def step(c, carry):
         top, acc, den = carry                                                          # [BR], [BR, BC], [BR]
         start = c * kc
         real = start + jax.lax.broadcasted_iota(jnp.int32, (kc, BR), 0) < parts     # [kc, BR]
-        lse = plgpu.load(lse_ref.at[pl.ds(start, kc), s, rows], mask=real, other=-jnp.inf)          # [kc, BR]
-        o = plgpu.load(o_ref.at[pl.ds(start, kc), s, rows, cols],
+        lse = plgpu.load(lse_ref.at[pl.ds(first + start, kc), rows], mask=real, other=-jnp.inf)     # [kc, BR]
+        o = plgpu.load(o_ref.at[pl.ds(first + start, kc), rows, cols],
                        mask=jnp.broadcast_to(real[:, :, None], (kc, BR, bc)), other=0).astype(jnp.float32)
         new_top = jnp.maximum(top, lse.max(0))
         ref = jnp.where(new_top == -jnp.inf, 0.0, new_top)                             # no key yet: weights 0
@@ -84,7 +102,8 @@ def _kernel_parts(o_ref, lse_ref, *refs, parts: int, bc: int, kc: int):
         return new_top, acc * keep[:, None] + (w[:, :, None] * o).sum(0), den * keep + w.sum(0)
 
     init = (jnp.full((BR,), -jnp.inf, jnp.float32), jnp.zeros((BR, bc), jnp.float32), jnp.zeros((BR,), jnp.float32))
-    _, acc, den = jax.lax.fori_loop(0, -(-parts // kc), step, init)
+    steps = -(-parts // kc) if isinstance(parts, int) else jax.lax.div(parts + kc - 1, kc)
+    _, acc, den = jax.lax.fori_loop(0, steps, step, init)
     out_ref[s, rows, cols] = (acc / jnp.where(den > 0, den, 1.0)[:, None]).astype(out_ref.dtype)
 
 
@@ -104,23 +123,30 @@ def form_for(parts: int) -> str:
     return "rows" if parts <= ROWS_MAX_PARTS else "parts"
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "kc", "warps", "form"))
-def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, form: str | None = None, kc: int | None = None,
-                 warps: int | None = None):
-    """O [K, S, R, v] (any float dtype), lse2 [K, S, R] float32 -> O [S, R, v] out_dtype, merged
-    by log-sum-exp in float32 (zeros where no part saw a key); R % 8 == 0, v % 32 == 0.
+@functools.partial(jax.jit, static_argnames=("out_dtype", "num_q", "balance", "kc", "warps", "form"))
+def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: int, balance: bool = False,
+                 form: str | None = None, kc: int | None = None, warps: int | None = None):
+    """O [W, R, v] (any float dtype), lse2 [W, R] float32: the parts of
+    `mosaic_gpu.context_attention(splits=W / S, balance)` for contexts ctx_lens [S] int32 and num_q
+    tree tokens -> O [S, R, v] out_dtype, stream s's parts (W / S from s * W / S, or with balance
+    by runs.run_schedule) merged by log-sum-exp in float32 (zeros where no part saw a key);
+    R % 8 == 0, v % 32 == 0, W % S == 0.
     out: a buffer of the result's shape and dtype to write into (e.g. NaN-poisoned, in tests);
-    form: FORMS (None: `form_for(K)`); kc: parts per loop step (a power of two; "parts" takes at
-    most K's largest power of two) and warps per program (None: STEP[form])."""
-    form = form_for(o.shape[0]) if form is None else form
+    form: FORMS (None: `form_for(W / S)`, the runs per stream on average); kc: parts per loop
+    step (a power of two; "parts" takes at most the largest power of two <= W / S) and warps per
+    program (None: STEP[form])."""
+    width, rows, v = o.shape
+    num_s = ctx_lens.shape[0] if ctx_lens.ndim == 1 else -1
+    if num_s < 1 or width % num_s:
+        raise ValueError(f"ctx_lens: expected [S] with W={width} a multiple of S, got {ctx_lens.shape}")
+    form = form_for(width // num_s) if form is None else form
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     kc, warps = (STEP[form][0] if kc is None else kc), (STEP[form][1] if warps is None else warps)
     if kc < 1 or kc & (kc - 1):
         raise ValueError(f"kc must be a power of two, got {kc}")
-    parts, num_s, rows, v = o.shape
-    if lse.shape != (parts, num_s, rows) or lse.dtype != jnp.float32:
-        raise ValueError(f"lse: expected float32 {(parts, num_s, rows)}, got {lse.dtype} {lse.shape}")
+    if lse.shape != (width, rows) or lse.dtype != jnp.float32:
+        raise ValueError(f"lse: expected float32 {(width, rows)}, got {lse.dtype} {lse.shape}")
     if rows % BR or v % 32:
         raise ValueError(f"o: rows ({rows}) must be a multiple of {BR} and v ({v}) of 32")
     bc = 64 if v % 64 == 0 and num_s * (rows // BR) * (v // 64) >= MIN_PROGRAMS else 32
@@ -128,13 +154,14 @@ def merge_splits(o, lse, out_dtype=jnp.float32, out=None, *, form: str | None = 
     if out is not None and (out.shape, out.dtype) != (shape.shape, shape.dtype):
         raise ValueError(f"out: expected {shape.dtype} {shape.shape}, got {out.dtype} {out.shape}")
     if form == "parts":
-        kernel = functools.partial(_kernel_parts, kc=min(kc, 1 << (parts.bit_length() - 1)))
+        per = max(width // num_s, 1)
+        kernel = functools.partial(_kernel_parts, kc=min(kc, 1 << (per.bit_length() - 1)))
     else:
         kernel = functools.partial(_kernel, kc=kc)
     return pl.pallas_call(
-        functools.partial(kernel, parts=parts, bc=bc),
+        functools.partial(kernel, num_q=num_q, balance=balance, bc=bc),
         out_shape=shape, grid=(num_s, rows // BR, v // bc),
-        input_output_aliases={} if out is None else {2: 0},
+        input_output_aliases={} if out is None else {3: 0},
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=2),
         interpret=interpret_mode(),
-    )(o, lse, *([] if out is None else [out]))
+    )(o, lse, ctx_lens.astype(jnp.int32), *([] if out is None else [out]))

@@ -19,9 +19,12 @@ as V (its first v_dim). Three warpgroups:
 CTAs of consecutive row blocks of one stream run as a cluster whose key slots refill only when
 every CTA has consumed them, so they read each key tile from L2 at about the same time.
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
-With too few row blocks to fill the GPU (one stream with a small tree, plain decode), each
-stream's pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
-decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`.
+With too few row blocks to fill the GPU (one stream with a small tree, plain decode), the
+streams' pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
+decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`. With
+balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
+ragged contexts cost about what equal ones of the same total do (not the default: it costs 6 us
+at equal contexts with 16 streams; BENCHMARKS.md, issue 5, session 31).
 
 Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 timed all 24 goal
 shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
@@ -57,10 +60,10 @@ from jax import lax
 
 from pallas_kernels import registry
 from pallas_kernels.mla_attention.merge import merge_splits
+from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, part_runs, pick, run_bounds, run_of, tail_counts,
+                                               total_pairs)
 
 BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
-BLOCK_K = 64        # keys per tile
-PAIR = 2 * BLOCK_K  # keys per step of the two consumers; the kernel covers ctx // PAIR pairs
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
 EPILOGUES = ("tma", "registers")   # how the consumers write O (context_attention(epilogue=))
 PROFILE_RANGES = 16  # phase entries the profiler may record per warpgroup (context_attention(profile_dir=))
@@ -83,7 +86,8 @@ def supported(dk: int, v_dim: int, dtype) -> str | None:
 
 
 def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v_dim: int, cluster: int = 1,
-                      splits: int = 1, profile_dir: str = "", epilogue: str = "tma", timeline: bool = False):
+                      splits: int = 1, balance: bool = False, profile_dir: str = "", epilogue: str = "tma",
+                      timeline: bool = False):
     """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), ctx_lens [S] int32 (>= 0), tail_bits [S, W, R]
     int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): with pairs = ctx_lens // 128 and
     tail_tiles = ceil((ctx_lens % 128 + num_q) / 64) (`tail_counts`, derived in the kernel: no XLA
@@ -96,20 +100,27 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     must still hold finite values (the kernel multiplies them by probability 0). The tail walks
     ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: not
     loaded, not multiplied), as at plain decode, where the tail's one real key is in its first tile.
-    splits > 1 splits each stream's pairs + tail pairs into `splits` runs (`run_bounds`: balanced,
-    the remainder to the last runs, which hold the tail), one CTA each (flash-decoding, for shapes
-    with too few row blocks to fill the GPU), and returns
-    each run's part: (O [splits, S, R, v_dim] in q.dtype, lse2 [splits, S, R] float32);
-    `combine_splits` or `merge.merge_splits` merges them (bf16 parts halve the bytes the kernel writes and the merge
-    reads; the merge's weights come from the float32 lse).
+    splits > 1 (flash-decoding, for shapes with too few row blocks to fill the GPU) gives each row
+    block W = S * splits CTAs: CTA f = s * splits + k is run k of stream s (balance False), or
+    the CTAs are shared out among the streams in proportion to the pairs each walks (balance
+    True: `runs.run_schedule` and `runs.run_of`; splits runs each when the contexts are equal);
+    each stream's runs by `run_bounds` (the remainder to the last runs, which hold the tail). It
+    returns each run's part: (O [W, R, v_dim] in q.dtype, lse2 [W, R] float32), part f for CTA
+    f's run (a run of no pairs, where a stream has fewer pairs than runs, gives O = 0, lse2 =
+    -inf). On the H200 (BENCHMARKS.md, issue 5, session 31) balance cut the kernel's time at 16k
+    decode S 16 with spread contexts from 130.5 to 94.5 us, but cost 6 us at equal ones (it reads
+    every stream's context before its first load), so it is off by default. `combine_splits` or
+    `merge.merge_splits` merges the parts (bf16 parts halve the bytes the kernel writes and the
+    merge reads; the merge's weights come from the float32 lse).
     epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
     from the accumulator's registers (the slower form, kept for the A/B of mla_mosaic_probe.py).
     profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
     Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it).
-    timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)]: when each CTA passed the
-    points TIMELINE names, read from %globaltimer by plain stores (no profiler buffer, no extra
-    synchronisation: experiments/mla_mosaic_probe.py --timeline)."""
+    timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)] (by grid position: CTA f =
+    s * splits + k at [s, :, k]): when each CTA passed the points TIMELINE names, read from
+    %globaltimer by plain stores (no profiler buffer, no extra synchronisation:
+    experiments/mla_mosaic_probe.py --timeline)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -135,20 +146,32 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
         q_smem, o_stage = q_space     # O is staged where Q was, once both consumers are done with Q
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 1 consumer 0's row sum, row 2 consumer 1's, then lse.
-        s, block = lax.axis_index("stream"), lax.axis_index("rows")
+        s_grid, block = lax.axis_index("stream"), lax.axis_index("rows")
         if cluster > 1:     # the CTAs of a cluster: consecutive row blocks of one stream
             block = block * cluster + lax.axis_index("cluster")
         r0 = block * BLOCK_Q
         rows_here = pl.ds(r0, BLOCK_Q)
         wg = lax.axis_index("wg")
-        ctx_pairs, tail_tiles = tail_counts(ctx_ref[s], num_q)
-        odd = lax.rem(tail_tiles, 2)
-        total = ctx_pairs + lax.div(tail_tiles + 1, 2)
-        if splits > 1:      # this CTA's run of pairs: first .. first + num_pairs
+        if splits > 1 and balance:      # CTA `part` of its row block: run k of stream s (runs.py)
             split = lax.axis_index("split")
+            part = s_grid * splits + split
+            lens = [ctx_ref[j] for j in range(num_s)]
+            totals = [total_pairs(n, num_q) for n in lens]
+            s, run_index, count = run_of(part, totals, num_s * splits)
+            ctx_len, total = pick(lens, s), pick(totals, s)
+            first, num_pairs = run_bounds(total, count, run_index)
+        elif splits > 1:
+            split = lax.axis_index("split")
+            part = s_grid * splits + split
+            s, ctx_len = s_grid, ctx_ref[s_grid]
+            total = total_pairs(ctx_len, num_q)
             first, num_pairs = run_bounds(total, splits, split)
         else:
+            s, ctx_len = s_grid, ctx_ref[s_grid]
+            total = total_pairs(ctx_len, num_q)
             first, num_pairs = 0, total
+        ctx_pairs, tail_tiles = tail_counts(ctx_len, num_q)
+        odd = lax.rem(tail_tiles, 2)
         # The run's whole-context pairs come first, then its tail pairs (keys under the mask); the
         # run that ends the stream ends with half a pair when the tail has an odd number of tiles.
         plain = jnp.maximum(jnp.minimum(ctx_pairs - first, num_pairs), 0)
@@ -159,7 +182,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
 
         def stamp(point: str):
             if timeline:
-                _stamp(times_ref.at[s, block, split if splits > 1 else 0], TIMELINE.index(point))
+                _stamp(times_ref.at[s_grid, block, split if splits > 1 else 0], TIMELINE.index(point))
 
         def tile_keys(j):
             return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
@@ -303,7 +326,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                     for j in range(half // 64):
                         out_cols = pl.ds(w * half + j * 64, 64)
                         out_at = (o_ref.at[s, rows_here, out_cols] if splits == 1
-                                  else o_ref.at[split, s, rows_here, out_cols])
+                                  else o_ref.at[part, rows_here, out_cols])
                         o_j = (acc[:, j * 64:(j + 1) * 64] * inv).astype(o_ref.dtype)
                         if epilogue == "registers":
                             out_at[...] = o_j
@@ -317,7 +340,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                     with jax.named_scope("lse"):
                         stat_smem[2] = m + jnp.log2(l_tot)
                         plmg.commit_smem()
-                        lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[split, s, rows_here]
+                        lse_at = lse_ref.at[s, rows_here] if splits == 1 else lse_ref.at[part, rows_here]
                         plmg.copy_smem_to_gmem(stat_smem.at[2], lse_at)
                 if w == 0 or epilogue == "tma":     # shared memory must outlive the TMA stores' reads
                     plmg.wait_smem_to_gmem(0, wait_read_only=True)
@@ -370,8 +393,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                     jax.ShapeDtypeStruct((num_s, rows), jnp.float32))
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s), ("rows", "stream")
     else:
-        out_type = (jax.ShapeDtypeStruct((splits, num_s, rows, v_dim), q.dtype),
-                    jax.ShapeDtypeStruct((splits, num_s, rows), jnp.float32))
+        out_type = (jax.ShapeDtypeStruct((num_s * splits, rows, v_dim), q.dtype),
+                    jax.ShapeDtypeStruct((num_s * splits, rows), jnp.float32))
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s, splits), ("rows", "stream", "split")
     if timeline:
         out_type += (jax.ShapeDtypeStruct((num_s, rows // BLOCK_Q, splits, len(TIMELINE)), jnp.int32),)
@@ -404,27 +427,12 @@ def _stamp(ref, column: int):
     store(ref)
 
 
-def tail_counts(ctx_lens, num_q: int):
-    """(whole context pairs, tail tiles) for contexts ctx_lens >= 0 and num_q tree tokens: the
-    tail holds the last ctx_lens % 128 context keys and the tree tokens, in 64-key tiles."""
-    pairs = lax.div(ctx_lens, PAIR)     # lax.div: no floor-division selects (ctx_lens >= 0)
-    return pairs, lax.div(ctx_lens - PAIR * pairs + (num_q + BLOCK_K - 1), BLOCK_K)
-
-
-def run_bounds(total, splits: int, k):
-    """Run k's (first pair, pairs) of a stream's `total` pairs split into `splits` runs: total //
-    splits each, and one more for each of the last total % splits runs (the last run holds the
-    tail, whose last pair may be half a pair). Python or traced ints (k: the CTA's split index)."""
-    per, rem = lax.div(total, splits), lax.rem(total, splits)
-    extra = jnp.maximum(k - (splits - rem), 0)
-    return k * per + extra, per + (k >= splits - rem).astype(per.dtype)
-
-
 def context_attention_xla(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v_dim: int, cluster: int = 1,
-                          splits: int = 1):
+                          splits: int = 1, balance: bool = False):
     """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
     around the kernel."""
     del cluster
+    num_s = q.shape[0]
     pairs, tail_tiles = tail_counts(ctx_lens.astype(jnp.int32), num_q)
     c = scale * math.log2(math.e)
     keys = jnp.arange(kv.shape[1])
@@ -435,32 +443,34 @@ def context_attention_xla(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: floa
     bit = (lax.shift_right_logical(words, (t % 32)[:, :, None]) & 1) == 1
     seen = ((keys[None, :] < start)[..., None] | (in_tail[..., None] & bit)).swapaxes(1, 2)   # [S, R, N]
     st = jnp.einsum("srd,snd->srn", q, kv, preferred_element_type=jnp.float32) * c
-    total = pairs + (tail_tiles + 1) // 2
-    parts = []
-    for k in range(splits):
-        first, count = run_bounds(total, splits, jnp.int32(k))
-        last = first + count
-        run = (keys[None, :] >= (PAIR * first)[:, None]) & (keys[None, :] < (PAIR * last)[:, None])   # [S, N]
-        sk = jnp.where(seen & run[:, None, :], st, -jnp.inf)
-        m = sk.max(axis=-1)
-        p = jnp.exp2(sk - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
-        l = p.sum(axis=-1)
-        o = jnp.einsum("srn,snv->srv", p, kv[..., :v_dim].astype(jnp.float32)) / jnp.where(l > 0, l, 1.0)[..., None]
-        parts.append((o, m + jnp.log2(l)))
+    vals = kv[..., :v_dim].astype(jnp.float32)
     if splits == 1:
-        out, lse = parts[0]
-        return out.astype(q.dtype), lse
-    return jnp.stack([o.astype(q.dtype) for o, _ in parts]), jnp.stack([lse for _, lse in parts])
+        stream, first, count = jnp.arange(num_s), jnp.zeros(num_s, jnp.int32), pairs + (tail_tiles + 1) // 2
+    else:
+        stream, first, count = part_runs(ctx_lens, num_q, num_s * splits, balance)
+    run = (keys[None, :] >= (PAIR * first)[:, None]) & (keys[None, :] < (PAIR * (first + count))[:, None])   # [P, N]
+    sk = jnp.where(seen[stream] & run[:, None, :], st[stream], -jnp.inf)                                # [P, R, N]
+    m = sk.max(axis=-1)
+    p = jnp.exp2(sk - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
+    l = p.sum(axis=-1)
+    o = jnp.einsum("prn,pnv->prv", p, vals[stream]) / jnp.where(l > 0, l, 1.0)[..., None]
+    return o.astype(q.dtype), m + jnp.log2(l)
 
 
-def combine_splits(o, lse):
-    """The parts of `context_attention(..., splits > 1)`, O [K, S, R, v] (any float dtype) and
-    lse2 [K, S, R] float32, merged by their log-sum-exp in float32 -> O [S, R, v] float32 (zeros
+def combine_splits(o, lse, ctx_lens, *, num_q: int, balance: bool = False):
+    """The parts of `context_attention(..., splits > 1, balance)` for contexts ctx_lens [S] and
+    num_q tree tokens, O [W, R, v] (any float dtype) and lse2 [W, R] float32, merged per stream
+    (its parts by `runs.part_runs`) by their log-sum-exp in float32 -> O [S, R, v] float32 (zeros
     where no part saw a key)."""
-    top = lse.max(axis=0)
-    w = jnp.exp2(lse - jnp.where(jnp.isfinite(top), top, 0.0))                       # 0 for empty parts
-    den = w.sum(axis=0)
-    return (w[..., None] * o.astype(jnp.float32)).sum(axis=0) / jnp.where(den > 0, den, 1.0)[..., None]
+    num_s = ctx_lens.shape[0]
+    stream, _, _ = part_runs(ctx_lens, num_q, o.shape[0], balance)
+    member = stream[None, :] == jnp.arange(num_s)[:, None]                              # [S, W]
+    lse_s = jnp.where(member[:, :, None], lse[None], -jnp.inf)                          # [S, W, R]
+    top = lse_s.max(axis=1)
+    w = jnp.exp2(lse_s - jnp.where(jnp.isfinite(top), top, 0.0)[:, None])               # 0 for others' parts
+    den = w.sum(axis=1)
+    out = jnp.einsum("swr,wrv->srv", w, o.astype(jnp.float32))
+    return out / jnp.where(den > 0, den, 1.0)[..., None]
 
 
 def cluster_size(rows: int) -> int:
@@ -473,9 +483,10 @@ MIN_SPLIT_PAIRS = 1  # pairs (128 keys) per run at least
 
 
 def split_count(ctas: int, slots: int) -> int:
-    """Runs each stream's keys are split into (`context_attention(splits=)`): 1 when the row
-    blocks' CTAs fill the GPU's SMs, else as many as fit in one wave (FILL_CTAS // ctas), each of
-    at least MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. A run more than one wave holds starts a
+    """Runs per stream (`context_attention(splits=)`; S * splits CTAs per row block, which
+    `runs.run_schedule` shares out by the streams' pairs): 1 when the row blocks' CTAs fill the
+    GPU's SMs, else as many as fit in one wave (FILL_CTAS // ctas), each of at least
+    MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. A run more than one wave holds starts a
     second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, sessions 20-22), at ctx 32k,
     Q 1, S 16 (16 CTAs) the whole operation took 0.268 ms with 9 runs (144 CTAs) and 0.172 ms
     with 8; at ctx 8k, Q 1, S 1 the kernel took 23.0 / 16.2 / 13.3 us of device time with 16 /
@@ -549,7 +560,8 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
 
 
 def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
-    """(CTAs per cluster, runs per stream) for prepare's q rows and cache; splits None: split_count."""
+    """(CTAs per cluster, runs per stream on average) for prepare's q rows and cache; splits None:
+    split_count."""
     cluster = cluster_size(q_pad.shape[1])
     if splits is None:
         splits = split_count(q_pad.shape[0] * q_pad.shape[1] // BLOCK_Q, kv_k.shape[1])
@@ -560,24 +572,29 @@ MERGES = ("pallas", "xla")   # how split runs are merged: merge.merge_splits (on
                              # by merge.form_for) or combine_splits (2-5 XLA kernels)
 
 
-def merge_runs(o, lse, out_dtype, merge: str = "pallas"):
-    """The split runs' parts (O [K, S, R, v], lse2 [K, S, R] float32) -> O [S, R, v] out_dtype,
-    merged as `merge` says (MERGES). The Pallas merge is the faster at every run count the H200
-    timed (K 8-132, S 1-16: sessions 26-27, BENCHMARKS.md issue 5); "xla" is the baseline."""
+def merge_runs(o, lse, ctx_lens, out_dtype, *, num_q: int, merge: str = "pallas", balance: bool = False):
+    """The split runs' parts (O [W, R, v], lse2 [W, R] float32 of `context_attention(splits > 1,
+    balance)` for contexts ctx_lens [S] and num_q tree tokens) -> O [S, R, v] out_dtype, merged as
+    `merge` says (MERGES). The Pallas merge is the faster at every run count the H200 timed (K
+    8-132, S 1-16: sessions 26-27, BENCHMARKS.md issue 5); "xla" is the baseline."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
-    return merge_splits(o, lse, out_dtype) if merge == "pallas" else combine_splits(o, lse).astype(out_dtype)
+    if merge == "pallas":
+        return merge_splits(o, lse, ctx_lens, out_dtype, num_q=num_q, balance=balance)
+    return combine_splits(o, lse, ctx_lens, num_q=num_q, balance=balance).astype(out_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits", "merge"))
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "context", "splits", "merge",
+                                             "balance"))
 def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
                          heads_first: bool = False, q_rope=None, context=context_attention,
-                         splits: int | None = None, merge: str = "pallas"):
+                         splits: int | None = None, merge: str = "pallas", balance: bool = False):
     """q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]), kv [S,N,Dk], ctx_lens [S] int32,
     node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] (heads_first: [S,H,Q,v_dim]) in q.dtype.
     context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
     stream's context is split into (None: `split_count`'s rule). merge: how the runs are merged
-    (MERGES: one Pallas:Triton kernel or XLA's combine_splits)."""
+    (MERGES: one Pallas:Triton kernel or XLA's combine_splits). balance: share the split runs
+    out by the streams' pairs (context_attention's balance: for ragged contexts)."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     num_s, a, b, _ = q.shape
@@ -587,7 +604,8 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     if splits == 1:
         out, _ = context(*operands, **kw)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
-        out = merge_runs(*context(*operands, splits=splits, **kw), q.dtype, merge)
+        parts = context(*operands, splits=splits, balance=balance, **kw)
+        out = merge_runs(*parts, operands[2], q.dtype, num_q=kw["num_q"], merge=merge, balance=balance)
     return out[:, :a * b].reshape(num_s, a, b, v_dim)
 
 

@@ -1,0 +1,122 @@
+"""How the Mosaic GPU kernel walks a stream's keys, and how split calls share their CTAs out.
+
+The kernel walks each stream's keys in 128-key pairs: its whole context pairs, then the tail
+pairs (the last ctx % 128 context keys and the Q tree tokens, in 64-key tiles). With too few row
+blocks to fill the GPU, the W CTAs of each row block are shared out among the streams as runs of
+consecutive pairs (`run_schedule`), in proportion to the pairs each stream walks: with ragged
+contexts a long stream gets more runs, so every run walks about U / W of the U pairs in all
+(with W / S runs for every stream the longest stream's runs set the time: 1.4-1.8x slower at the
+same total, BENCHMARKS.md issue 5, session 31). CTA f of a row block is run k of stream s, in
+stream order (`run_of`); its part of the output is part f, and the merge finds stream s's parts
+at first[s] .. first[s] + count[s] - 1 by the same rule. The rule uses int32 scalar ops only, on
+a Python list of the S streams' totals, so the kernel, the merge kernel and their XLA twins
+compute the same schedule (and need no XLA kernel to pass it between them).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+BLOCK_K = 64        # keys per tile
+PAIR = 2 * BLOCK_K  # keys per step of the kernel's two consumers
+
+
+def tail_counts(ctx_lens, num_q: int):
+    """(whole context pairs, tail tiles) for contexts ctx_lens >= 0 and num_q tree tokens: the
+    tail holds the last ctx_lens % 128 context keys and the tree tokens, in 64-key tiles."""
+    pairs = lax.div(ctx_lens, PAIR)     # lax.div: no floor-division selects (ctx_lens >= 0)
+    return pairs, lax.div(ctx_lens - PAIR * pairs + (num_q + BLOCK_K - 1), BLOCK_K)
+
+
+def total_pairs(ctx_len, num_q: int):
+    """The pairs a stream of context ctx_len and num_q tree tokens walks: its whole pairs and its
+    tail pairs (an odd tail ends in half a pair)."""
+    pairs, tail_tiles = tail_counts(ctx_len, num_q)
+    return pairs + lax.div(tail_tiles + 1, 2)
+
+
+def run_bounds(total, runs, k):
+    """Run k's (first pair, pairs) of a stream's `total` pairs split into `runs` runs: total //
+    runs each, and one more for each of the last total % runs runs (the last run holds the
+    tail, whose last pair may be half a pair). Python or traced ints."""
+    per, rem = lax.div(total, runs), lax.rem(total, runs)
+    extra = jnp.maximum(k - (runs - rem), 0)
+    return k * per + extra, per + (k >= runs - rem).astype(per.dtype)
+
+
+def _weights(totals: list) -> tuple[list, object]:
+    """The pairs the schedule shares the CTAs by, and their sum: the totals, or one each when
+    every total is 0 (so the CTAs are still all shared out, as empty runs)."""
+    u = sum(totals[1:], totals[0])
+    none = (u == 0).astype(jnp.int32)
+    return [t + none for t in totals], u + none * len(totals)
+
+
+def run_schedule(totals: list, width: int) -> tuple[list, list]:
+    """Runs per stream for `totals` (a list of S int32 scalars: the pairs each stream walks)
+    sharing `width` >= S CTAs -> (count, first): lists of S int32 scalars, stream s's runs being
+    CTAs first[s] .. first[s] + count[s] - 1. Every stream gets one run, and the other width - S
+    go by cumulative rounding of the streams' pairs: with C_s the pairs of the streams before s,
+    U all pairs and b(C) = round((width - S) * C / U) (halves up), first[s] = s + b(C_s) and
+    count[s] = 1 + b(C_s + totals[s]) - b(C_s). So sum(count) == width, uniform totals get width /
+    S runs each, and a stream's run count is within one of its share (all totals 0: as if 1)."""
+    num_s = len(totals)
+    if not 1 <= num_s <= width:
+        raise ValueError(f"run_schedule: needs 1 <= S <= width; got S={num_s}, width={width}")
+    totals, u = _weights(totals)
+    spare = width - num_s
+    before = [jnp.int32(0)]
+    for t in totals:
+        before.append(before[-1] + t)
+    b = [lax.div(2 * spare * c + u, 2 * u) for c in before]
+    return [1 + b[j + 1] - b[j] for j in range(num_s)], [j + b[j] for j in range(num_s)]
+
+
+def run_of(f, totals: list, width: int):
+    """CTA f's (stream s, run k of s, count[s]) under `run_schedule(totals, width)`, with S
+    multiply-compares and two divisions (not S divisions): first[j] <= f exactly when
+    2 (width - S) C_j + U < 2 U (f - j + 1). int32: needs 2 * width * U < 2^31."""
+    num_s = len(totals)
+    totals, u = _weights(totals)
+    spare = width - num_s
+    before = [jnp.int32(0)]
+    for t in totals[:-1]:
+        before.append(before[-1] + t)
+    s = sum(((j <= f) & (2 * spare * before[j] + u < 2 * u * (f - j + 1))).astype(jnp.int32)
+            for j in range(1, num_s)) + jnp.int32(0)
+    c = pick(before, s)
+    b, b_next = lax.div(2 * spare * c + u, 2 * u), lax.div(2 * spare * (c + pick(totals, s)) + u, 2 * u)
+    return s, f - s - b, 1 + b_next - b
+
+
+def stream_runs(totals: list, width: int, s):
+    """(first, count) of stream s's runs under `run_schedule(totals, width)`, for a traced s,
+    with two divisions (the merge's programs, one stream each)."""
+    num_s = len(totals)
+    totals, u = _weights(totals)
+    spare = width - num_s
+    c = sum((jnp.where(j < s, t, 0) for j, t in enumerate(totals)), jnp.int32(0))
+    b, b_next = lax.div(2 * spare * c + u, 2 * u), lax.div(2 * spare * (c + pick(totals, s)) + u, 2 * u)
+    return s + b, 1 + b_next - b
+
+
+def pick(values: list, s):
+    """values[s] for a traced stream index s (selects over the list, no gather)."""
+    return sum((jnp.where(s == j, v, 0) for j, v in enumerate(values)), jnp.zeros_like(values[0]))
+
+
+def part_runs(ctx_lens, num_q: int, width: int, balance: bool = True):
+    """The schedule of `width` CTAs for contexts ctx_lens [S] (an array) as arrays, for XLA code:
+    (stream [W], first pair [W], pairs [W]) of each CTA's run; balance False: width / S runs for
+    every stream (CTA f is run f % (W / S) of stream f // (W / S))."""
+    num_s = ctx_lens.shape[0]
+    totals = [total_pairs(ctx_lens[j].astype(jnp.int32), num_q) for j in range(num_s)]
+    cols = []
+    for f in range(width):
+        if balance:
+            s, k, count = run_of(jnp.int32(f), totals, width)
+        else:
+            s, k, count = jnp.int32(f // (width // num_s)), jnp.int32(f % (width // num_s)), width // num_s
+        cols.append((s, *run_bounds(pick(totals, s), count, k)))
+    return tuple(jnp.stack(c) for c in zip(*cols))
