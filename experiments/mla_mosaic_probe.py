@@ -19,6 +19,7 @@ kernel for CUDA and stops (the CPU test of this script).
   python3 experiments/mla_mosaic_probe.py --shapes=32768:1:16,8192:16:1 --splits=1,4,8    # decode, 1 stream
   python3 experiments/mla_mosaic_probe.py --shapes=8192:1:1,8192:1:16 --splits=8,64 --profile   # phases
   python3 experiments/mla_mosaic_probe.py --shapes=8192:1:16 --splits=8 --timeline       # CTA timeline
+  python3 experiments/mla_mosaic_probe.py --shapes=8192:1:16 --splits=8 --timeline --balance   # the schedule's cost
 With --profile each kernel also runs under Mosaic GPU's in-kernel profiler (context_attention's
 profile_dir): per warpgroup role and phase (consumers: wait_q, context, tail, epilogue; producer:
 loads) the median and max duration over CTAs, and when the CTAs start and end. The profiler
@@ -49,6 +50,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
 flags.DEFINE_list("splits", ["1"], "runs each stream's context is split into (context_attention(splits=)); "
                   "above 1 the time includes combine_splits")
+flags.DEFINE_bool("balance", False, "context_attention(balance=True): the split runs shared out by the streams' "
+                  "pairs (runs.run_schedule, computed in the kernel; equal contexts here, so the same runs as without)")
 flags.DEFINE_list("epilogues", ["tma"], "how the consumers write O (context_attention(epilogue=)): tma, registers")
 flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
 flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")
@@ -197,10 +200,11 @@ def main(_):
 
         def run(*args, cluster=cluster, splits=splits, epilogue=epilogue, profile_dir="", timeline=False):
             o, lse, *times = mosaic_gpu.context_attention(*args, num_q=num_q, scale=scale, v_dim=v_dim,
-                                                          cluster=cluster, splits=splits, profile_dir=profile_dir,
-                                                          epilogue=epilogue, timeline=timeline)
+                                                          cluster=cluster, splits=splits, balance=FLAGS.balance,
+                                                          profile_dir=profile_dir, epilogue=epilogue, timeline=timeline)
             # above one run, the parts merged as mla_attention_mosaic merges them
-            merged = (o, lse) if splits == 1 else (mosaic_gpu.combine_splits(o, lse, args[2], num_q=num_q), lse)
+            merged = (o, lse) if splits == 1 else (
+                mosaic_gpu.combine_splits(o, lse, args[2], num_q=num_q, balance=FLAGS.balance), lse)
             return merged + tuple(times)
         fn = jax.jit(run)
         if FLAGS.lower_only:
@@ -226,7 +230,8 @@ def main(_):
         nbytes = 2 * num_s * (keys * dk + r * (dk + v_dim)) + 4 * num_s * r * operands[3].shape[1]   # + tail bits
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),
                     flops / (max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12))
-        row = dict(ctx=ctx, q=num_q, s=num_s, splits=splits, epilogue=epilogue, cluster=cluster, flops=flops, bytes=nbytes,
+        row = dict(ctx=ctx, q=num_q, s=num_s, splits=splits, balance=FLAGS.balance, epilogue=epilogue, cluster=cluster,
+                   flops=flops, bytes=nbytes,
                    floor_ms=floor * 1e3)
         try:
             report = []
@@ -275,7 +280,8 @@ def main(_):
         timed = (f"{r['ms']:.3f} | {r['tflops']:.0f} | {r['pct_floor']:.1f}" if "ms" in r
                  else "error | - | -")
         device = f"{r['device_us']:.1f} | {r['device_pct_floor']:.1f}" if "device_us" in r else "- | -"
-        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {r['splits']} | {r['epilogue']} | {r['cluster']} | "
+        splits = f"{r['splits']} balanced" if r.get("balance") and r["splits"] > 1 else r["splits"]
+        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {splits} | {r['epilogue']} | {r['cluster']} | "
               f"{r.get('registers', '-')} | {spill} | {r['floor_ms']:.3f} | {timed} | {device} |")
     for r in rows:
         if t := r.get("timeline"):
