@@ -23,8 +23,8 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 streams' pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
 decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`. With
 balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
-ragged contexts cost about what equal ones of the same total do (not the default: it costs 6 us
-at equal contexts with 16 streams; BENCHMARKS.md, issue 5, session 31).
+ragged contexts cost about what equal ones of the same total do (not the default: at equal
+contexts the whole call is 1-3 us slower; BENCHMARKS.md, issue 5, sessions 31-32).
 
 Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 timed all 24 goal
 shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
@@ -107,9 +107,10 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     each stream's runs by `run_bounds` (the remainder to the last runs, which hold the tail). It
     returns each run's part: (O [W, R, v_dim] in q.dtype, lse2 [W, R] float32), part f for CTA
     f's run (a run of no pairs, where a stream has fewer pairs than runs, gives O = 0, lse2 =
-    -inf). On the H200 (BENCHMARKS.md, issue 5, session 31) balance cut the kernel's time at 16k
-    decode S 16 with spread contexts from 130.5 to 94.5 us, but cost 6 us at equal ones (it reads
-    every stream's context before its first load), so it is off by default. `combine_splits` or
+    -inf). On the H200 (BENCHMARKS.md, issue 5, session 32) balance cuts the kernel's time at 16k
+    decode S 16 with spread contexts from 132.1 to 89.2 us and costs 0.6-1.6 us at equal ones
+    (it reads every stream's context before its first load; the merge then costs 0.7-0.9 us
+    more too), so it is off by default. `combine_splits` or
     `merge.merge_splits` merges the parts (bf16 parts halve the bytes the kernel writes and the
     merge reads; the merge's weights come from the float32 lse).
     epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
@@ -160,6 +161,10 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             s, run_index, count = run_of(part, totals, num_s * splits)
             ctx_len, total = pick(lens, s), pick(totals, s)
             first, num_pairs = run_bounds(total, count, run_index)
+            # Opaque to LLVM: else it sinks the schedule's sums into each warpgroup's branch, and
+            # the S totals they need stay live through the consumers' loop (at S 16: 504 bytes of
+            # spill loads, the loops 20% slower; BENCHMARKS.md issue 5, session 32).
+            s, ctx_len, total, first, num_pairs = lax.optimization_barrier((s, ctx_len, total, first, num_pairs))
         elif splits > 1:
             split = lax.axis_index("split")
             part = s_grid * splits + split
