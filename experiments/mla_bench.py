@@ -73,7 +73,8 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation inside
 flags.DEFINE_list("mosaic_splits", [], "with --impls=mosaic_gpu: also time it with each of these run counts "
                   "per stream (rows 'mosaic_gpu sN'; the default row uses mosaic_gpu.split_count's rule)")
 flags.DEFINE_bool("mosaic_balance", False, "with --impls=mosaic_gpu: also time it with balance=True (the split "
-                  "runs shared out by the streams' pairs; for --lengths=spread)")
+                  "runs shared out by the streams' pairs, unsplit calls' streams launched longest first; "
+                  "for --lengths=spread)")
 flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it with each of these merges of "
                   "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'pallas')")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")

@@ -51,7 +51,8 @@ flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:6
 flags.DEFINE_list("splits", ["1"], "runs each stream's context is split into (context_attention(splits=)); "
                   "above 1 the time includes combine_splits")
 flags.DEFINE_bool("balance", False, "context_attention(balance=True): the split runs shared out by the streams' "
-                  "pairs (runs.run_schedule, computed in the kernel; equal contexts here, so the same runs as without)")
+                  "pairs (runs.run_schedule, computed in the kernel; equal contexts here, so the same runs as without), "
+                  "or with --splits=1 the streams launched longest first (runs.stream_order; all equal here)")
 flags.DEFINE_list("epilogues", ["tma"], "how the consumers write O (context_attention(epilogue=)): tma, registers")
 flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
 flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")

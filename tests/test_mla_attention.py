@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import re
 
 import jax
@@ -408,13 +409,14 @@ MOSAIC_CASES = [  # (id, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): a
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"case{c[0]}")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("splits,merge,balance", [(None, "pallas", False), (3, "xla", False), (3, "pallas", False),
-                                                  (18, "pallas", False)])
+                                                  (18, "pallas", False), (1, "pallas", True)])
 def test_mosaic_parts_around_the_kernel(case, dtype, splits, merge, balance):
     """mosaic_gpu's XLA work around the kernel (`prepare`: query rows and the tail's mask words),
     with the kernel replaced by its XLA twin: equals the golden; splits=3: each stream's pairs
     split into 3 runs (some empty) merged by combine_splits or by the Pallas merge kernel ("rows"
     form), 18 runs (most empty) by its "parts" form; None: split_count's runs; balance (the
-    next test's cases): the runs shared out by the streams' pairs (runs.run_schedule)."""
+    next test's cases): the runs shared out by the streams' pairs (runs.run_schedule), or with
+    one run per stream the streams launched longest first (the twin computes every stream)."""
     cid, num_s, num_q, num_h, dk, v_dim, n, ctx, heads_first, apart = case
     q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, dk, v_dim, n, ctx,
                                               ["bushy", "chain", "star"], dtype)
@@ -508,15 +510,17 @@ def test_mosaic_supported_says_why():
     assert "too wide" in mosaic_gpu.supported(640, 512, jnp.bfloat16)
 
 
-def test_mosaic_kernel_lowers_with_balanced_runs():
-    """context_attention(splits=3, balance=True) lowers for CUDA on the CPU (the schedule's scalar
-    code in the kernel), clusters of one and two."""
+@pytest.mark.parametrize("splits", [1, 3])
+def test_mosaic_kernel_lowers_with_balanced_runs(splits):
+    """context_attention(balance=True) lowers for CUDA on the CPU, clusters of one and two, with
+    and without the timeline: splits 3, the schedule's scalar code in the kernel; splits 1, the
+    streams launched longest first (the order an input, the grid's stream axis the slow one)."""
     q = jax.ShapeDtypeStruct((3, 128, 576), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((3, 1024, 576), jnp.bfloat16)
     lens, bits = jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 4, 128), jnp.int32)
-    for cluster in (1, 2):
+    for cluster, timeline in itertools.product((1, 2), (False, True)):
         run = functools.partial(mosaic_gpu.context_attention, num_q=5, scale=0.1, v_dim=512, cluster=cluster,
-                                splits=3, balance=True)
+                                splits=splits, balance=True, timeline=timeline)
         jax.jit(run).trace(q, kv, lens, bits).lower(lowering_platforms=("cuda",))
 
 
@@ -581,7 +585,8 @@ CONTEXT_CASES = [  # (rows, cluster, ctx_lens, Q, splits, epilogue): pairs 0-64,
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("rows,cluster,ctx,num_q,splits,epilogue,balance",
-                         [c + (False,) for c in CONTEXT_CASES] + [c + (True,) for c in CONTEXT_CASES if c[4] > 1])
+                         [c + (False,) for c in CONTEXT_CASES]
+                         + [c + (True,) for c in CONTEXT_CASES if c[4] > 1 or len(set(c[2])) > 1])
 def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, balance):
     """The kernel alone against its XLA twin: O and lse over 0 to 64 whole pairs and 1 to 6 tail
     tiles under random masks (odd counts end in half a pair, whose second tile's bits are set
@@ -589,7 +594,9 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
     other row of streams 0 and 2 has no tail key, so stream 0's rows with neither give zeros and
     -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
     stale NaN); splits > 1: each run's part (balance: runs.run_schedule shares the 4 * splits CTAs
-    out by the streams' pairs, with splits 3 here 1, 1, 2 and 8 runs), then merged. Both epilogues."""
+    out by the streams' pairs, with splits 3 here 1, 1, 2 and 8 runs), then merged; splits 1 with
+    balance: the streams launched longest first (runs.stream_order), each output still at its
+    own stream. Both epilogues."""
     ctx_lens = jnp.asarray(ctx, jnp.int32)
     counts = [c // mosaic_gpu.PAIR for c in ctx]
     rng = fresh_rng()

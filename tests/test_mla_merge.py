@@ -82,6 +82,19 @@ def test_schedule_matches_its_rule_and_balances():
         assert (first_pair[mine] == np.concatenate([[0], np.cumsum(pairs[mine])[:-1]])).all()
 
 
+def test_stream_order_is_longest_first_and_stable():
+    """stream_order: the streams by the pairs they walk (whole context pairs and tail pairs, as
+    totals_py counts them), most first, equal totals in stream order; random ragged contexts."""
+    rng = fresh_rng()
+    for _ in range(20):
+        num_s, num_q = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+        ctx = [int(c) for c in rng.integers(0, 4, num_s) * int(rng.integers(1, 3000))]   # ties likely
+        totals = totals_py(ctx, num_q)
+        want = sorted(range(num_s), key=lambda j: (-totals[j], j))
+        assert [int(j) for j in runs.stream_order(jnp.asarray(ctx), num_q)] == want, (ctx, num_q)
+    assert [int(j) for j in runs.stream_order(jnp.asarray([0, 130, 996, 8192]), 70)] == [3, 2, 1, 0]
+
+
 @pytest.mark.parametrize("balance", [True, False])
 @pytest.mark.parametrize("form", merge.FORMS)
 @pytest.mark.parametrize("ctx,num_q,splits,r,v,kc,dtype", [

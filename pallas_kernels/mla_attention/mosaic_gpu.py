@@ -24,7 +24,8 @@ streams' pairs are split into runs, one CTA each, whose parts are merged (`split
 decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`. With
 balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
 ragged contexts cost about what equal ones of the same total do (not the default: at equal
-contexts the whole call is 1-3 us slower; BENCHMARKS.md, issue 5, sessions 31-32).
+contexts the whole call is 1-3 us slower; BENCHMARKS.md, issue 5, sessions 31-32); unsplit
+calls with balance launch the longest streams' CTAs first (`runs.stream_order`; not yet timed).
 
 Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 timed all 24 goal
 shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
@@ -60,8 +61,8 @@ from jax import lax
 
 from pallas_kernels import registry
 from pallas_kernels.mla_attention.merge import merge_splits
-from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, part_runs, pick, run_bounds, run_of, tail_counts,
-                                               total_pairs)
+from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, part_runs, pick, run_bounds, run_of, stream_order,
+                                               tail_counts, total_pairs)
 
 BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
@@ -110,7 +111,11 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     -inf). On the H200 (BENCHMARKS.md, issue 5, session 32) balance cuts the kernel's time at 16k
     decode S 16 with spread contexts from 132.1 to 89.2 us and costs 0.6-1.6 us at equal ones
     (it reads every stream's context before its first load; the merge then costs 0.7-0.9 us
-    more too), so it is off by default. `combine_splits` or
+    more too), so it is off by default. With splits 1 and S > 1, balance launches the CTAs
+    longest stream first (`runs.stream_order`, one XLA sort before the kernel; grid position
+    s_grid runs stream order[s_grid], all its row blocks together) instead of every stream's
+    row block 0 first, so that with ragged contexts the long streams' CTAs are not the last
+    wave's. `combine_splits` or
     `merge.merge_splits` merges the parts (bf16 parts halve the bytes the kernel writes and the
     merge reads; the merge's weights come from the float32 lse).
     epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
@@ -119,7 +124,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
     Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it).
     timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)] (by grid position: CTA f =
-    s * splits + k at [s, :, k]): when each CTA passed the points TIMELINE names, read from
+    s * splits + k at [s, :, k]; unsplit with balance, stream order[s] at [s]): when each CTA passed the points TIMELINE names, read from
     %globaltimer by plain stores (no profiler buffer, no extra synchronisation:
     experiments/mla_mosaic_probe.py --timeline)."""
     from jax.experimental import pallas as pl
@@ -142,8 +147,12 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     index_required = inspect.signature(plmg.load).parameters["idx"].default is inspect.Parameter.empty
     load = (lambda ref, **kw: plmg.load(ref, (), **kw)) if index_required else plmg.load
 
-    def body(q_ref, kv_ref, ctx_ref, bits_ref, o_ref, lse_ref, times_ref=None, *, q_space, k_smem, p_smem,
-             stat_smem, slot_smem, q_bar, k_full, k_free, p_ready, l_bar, done=None):
+    longest_first = balance and splits == 1 and num_s > 1
+
+    def body(q_ref, kv_ref, ctx_ref, bits_ref, *refs, q_space, k_smem, p_smem, stat_smem, slot_smem, q_bar,
+             k_full, k_free, p_ready, l_bar, done=None):
+        order_ref, refs = (refs[0], refs[1:]) if longest_first else (None, refs)
+        o_ref, lse_ref, times_ref = (*refs, None)[:3]
         q_smem, o_stage = q_space     # O is staged where Q was, once both consumers are done with Q
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 1 consumer 0's row sum, row 2 consumer 1's, then lse.
@@ -171,8 +180,9 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             s, ctx_len = s_grid, ctx_ref[s_grid]
             total = total_pairs(ctx_len, num_q)
             first, num_pairs = run_bounds(total, splits, split)
-        else:
-            s, ctx_len = s_grid, ctx_ref[s_grid]
+        else:       # longest_first: grid position s_grid runs the stream of that rank
+            s = order_ref[s_grid] if longest_first else s_grid
+            ctx_len = ctx_ref[s]
             total = total_pairs(ctx_len, num_q)
             first, num_pairs = 0, total
         ctx_pairs, tail_tiles = tail_counts(ctx_len, num_q)
@@ -396,7 +406,11 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     if splits == 1:
         out_type = (jax.ShapeDtypeStruct((num_s, rows, v_dim), q.dtype),
                     jax.ShapeDtypeStruct((num_s, rows), jnp.float32))
+        # Mosaic GPU launches the last grid axis fastest: every stream's row block 0 first, or
+        # (longest_first) all row blocks of the longest stream first.
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s), ("rows", "stream")
+        if longest_first:
+            grid, grid_names = grid[::-1], grid_names[::-1]
     else:
         out_type = (jax.ShapeDtypeStruct((num_s * splits, rows, v_dim), q.dtype),
                     jax.ShapeDtypeStruct((num_s * splits, rows), jnp.float32))
@@ -414,7 +428,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             approx_math=True, reduction_scratch_bytes=0,
             **(dict(profile_space=PROFILE_RANGES, profile_dir=profile_dir) if profile_dir else {})),
     )
-    return kernel(q, kv, ctx_lens.astype(jnp.int32), tail_bits.astype(jnp.int32))
+    order = [stream_order(ctx_lens, num_q)] if longest_first else []
+    return kernel(q, kv, ctx_lens.astype(jnp.int32), tail_bits.astype(jnp.int32), *order)
 
 
 def _stamp(ref, column: int):
@@ -599,7 +614,8 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     context: the whole-pairs part (the kernel; its XLA twin in CPU tests). splits: runs each
     stream's context is split into (None: `split_count`'s rule). merge: how the runs are merged
     (MERGES: one Pallas:Triton kernel or XLA's combine_splits). balance: share the split runs
-    out by the streams' pairs (context_attention's balance: for ragged contexts)."""
+    out by the streams' pairs, or launch an unsplit call's streams longest first
+    (context_attention's balance: for ragged contexts)."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     num_s, a, b, _ = q.shape
@@ -607,7 +623,7 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     cluster, splits = launch(*operands[:2], splits=splits)
     kw = dict(num_q=b if heads_first else a, scale=scale, v_dim=v_dim, cluster=cluster)
     if splits == 1:
-        out, _ = context(*operands, **kw)
+        out, _ = context(*operands, balance=balance, **kw)
     else:       # too few row blocks to fill the GPU: split the context, merge the runs here
         parts = context(*operands, splits=splits, balance=balance, **kw)
         out = merge_runs(*parts, operands[2], q.dtype, num_q=kw["num_q"], merge=merge, balance=balance)

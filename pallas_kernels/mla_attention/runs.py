@@ -10,7 +10,10 @@ same total, BENCHMARKS.md issue 5, session 31). CTA f of a row block is run k of
 stream order (`run_of`); its part of the output is part f, and the merge finds stream s's parts
 at first[s] .. first[s] + count[s] - 1 by the same rule. The rule uses int32 scalar ops only, on
 a Python list of the S streams' totals, so the kernel, the merge kernel and their XLA twins
-compute the same schedule (and need no XLA kernel to pass it between them).
+compute the same schedule (and need no XLA kernel to pass it between them). Unsplit calls (one
+CTA per row block and stream) cannot share a stream's work out; with balance they launch the
+streams longest first instead (`stream_order`), so that the long streams' CTAs are not left for
+the last wave.
 """
 
 from __future__ import annotations
@@ -104,6 +107,15 @@ def stream_runs(totals: list, width: int, s):
 def pick(values: list, s):
     """values[s] for a traced stream index s (selects over the list, no gather)."""
     return sum((jnp.where(s == j, v, 0) for j, v in enumerate(values)), jnp.zeros_like(values[0]))
+
+
+def stream_order(ctx_lens, num_q: int):
+    """The streams by the pairs they walk, most first (ties in stream order): int32 [S] for
+    contexts ctx_lens [S] (an array; XLA code). Unsplit calls with balance launch their CTAs in
+    this order, so the longest streams' CTAs start in the first wave and the short ones fill the
+    SMs that free up (longest processing time first)."""
+    totals = total_pairs(ctx_lens.astype(jnp.int32), num_q)
+    return jnp.argsort(-totals, stable=True).astype(jnp.int32)
 
 
 def part_runs(ctx_lens, num_q: int, width: int, balance: bool = True):
