@@ -439,6 +439,15 @@ def test_mosaic_parts_balanced(case, splits, merge):
     test_mosaic_parts_around_the_kernel(case, jnp.bfloat16, splits, merge, True)
 
 
+def test_mosaic_parts_balanced_one_wave():
+    """balance=True where the row blocks fill one wave (2 streams x 37 row blocks of H 64): launch
+    takes 2 runs per stream, shared out by the streams' pairs, merged (bf16, XLA twin)."""
+    case = (25, 2, 37, 64, 64, 32, 429, [100, 389], True, False)
+    q_pad = jax.ShapeDtypeStruct((2, 37 * 64, 64), jnp.bfloat16)
+    assert mosaic_gpu.launch(q_pad, jax.ShapeDtypeStruct((2, 432, 64), jnp.bfloat16), balance=True)[1] == 2
+    test_mosaic_parts_around_the_kernel(case, jnp.bfloat16, None, "pallas", True)
+
+
 @pytest.mark.parametrize("hopper,shape,slots,dtype,want", [
     (True, (16, 16, 64), 9000, jnp.bfloat16, "mosaic_gpu"),     # 256 CTAs
     (True, (1, 65, 64), 9000, jnp.bfloat16, "mosaic_gpu"),      # 65 CTAs: the context is split
@@ -475,6 +484,22 @@ def test_mosaic_split_count():
     assert mosaic_gpu.split_count(1, 32776) == 132         # one wave
     assert mosaic_gpu.split_count(4, 300) == 3             # two whole pairs and a tail pair
     assert mosaic_gpu.split_count(4, 100) == 1
+
+
+@pytest.mark.parametrize("num_s,num_q,slots,balance,want", [
+    (8, 16, 16392, False, (2, 1)),     # 128 CTAs, one wave: unsplit
+    (8, 16, 16392, True, (2, 2)),      # ... with balance two runs per stream, shared out by pairs
+    (1, 128, 16392, True, (2, 1)),     # one stream: nothing to balance
+    (16, 16, 16392, True, (2, 1)),     # 256 CTAs: unsplit, launched longest stream first
+    (2, 32, 16392, True, (2, 2)),      # 64 CTAs: split_count's 2 runs either way
+    (16, 1, 8200, True, (1, 8)),       # decode: split_count's runs
+])
+def test_mosaic_launch(num_s, num_q, slots, balance, want):
+    """launch: (cluster, runs per stream) from prepare's shapes (H 64: Q row blocks per stream)."""
+    q_pad = jax.ShapeDtypeStruct((num_s, max(64, 64 * num_q), 576), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((num_s, slots, 576), jnp.bfloat16)
+    assert mosaic_gpu.launch(q_pad, kv, balance=balance) == want
+    assert mosaic_gpu.launch(q_pad, kv, splits=3, balance=balance)[1] == 3
 
 
 @pytest.mark.parametrize("num_q", [1, 5, 32, 33, 64, 100, 129])
@@ -563,6 +588,21 @@ def test_gpu_mosaic_k2_shapes(case):
         out = mla_attention(lay(q[..., :512]) if apart else lay(q), kv, ctx_lens, node_mask, scale=576 ** -0.5,
                             v_dim=512, impl="mosaic_gpu", heads_first=heads_first, **kw)
         assert_close(lay(out), ref, TOL[jnp.bfloat16], f"case {cid} heads_first={heads_first} apart={apart}")
+
+
+@pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.parametrize("case", [c for c in MOSAIC_GPU_CASES if c[1] > 1], ids=lambda c: f"case{c[0]}")
+def test_gpu_mosaic_balanced(case):
+    """mla_attention_mosaic(balance=True) at K2 widths against the float64 golden: case 31's 74
+    row blocks fill one wave (2 runs per stream, shared out by pairs), cases 32 and 34 split by
+    split_count under the schedule, case 35's 160 CTAs launch the longest stream first."""
+    cid, num_s, num_q, num_h, n, ctx = case
+    q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, 576, 512, n, ctx, ["bushy", "chain"],
+                                              jnp.bfloat16)
+    ref = mla_attention_reference(q, kv, ctx_lens, node_mask, scale=576 ** -0.5, v_dim=512)
+    out = jax.jit(functools.partial(mosaic_gpu.mla_attention_mosaic, scale=576 ** -0.5, v_dim=512, balance=True))(
+        q, kv, ctx_lens, node_mask)
+    assert_close(out, ref, TOL[jnp.bfloat16], f"case {cid} balanced")
 
 
 def random_tail_bits(rng, pairs, num_words: int, rows: int, num_slots: int, empty) -> np.ndarray:

@@ -25,7 +25,8 @@ decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_
 balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
 ragged contexts cost about what equal ones of the same total do (not the default: at equal
 contexts the whole call is 1-3 us slower; BENCHMARKS.md, issue 5, sessions 31-32); unsplit
-calls with balance launch the longest streams' CTAs first (`runs.stream_order`; not yet timed).
+calls with balance launch the longest streams' CTAs first (`runs.stream_order`), or where their
+CTAs fit one wave split each stream in two (`launch`); neither is timed yet.
 
 Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 timed all 24 goal
 shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
@@ -579,12 +580,22 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     return q_pad, kv_k, ctx_lens, tail_bits
 
 
-def launch(q_pad, kv_k, *, splits: int | None = None) -> tuple[int, int]:
+def launch(q_pad, kv_k, *, splits: int | None = None, balance: bool = False) -> tuple[int, int]:
     """(CTAs per cluster, runs per stream on average) for prepare's q rows and cache; splits None:
-    split_count."""
-    cluster = cluster_size(q_pad.shape[1])
+    split_count, except that with balance and S > 1 a call whose row blocks fill the GPU in one
+    wave (FILL_CTAS / 2 < S * R / 64 <= FILL_CTAS) takes 2 runs per stream: unsplit, every CTA
+    would start at once and the longest stream's would set the time (its order cannot help: 16k Q
+    16 S 8 with contexts 1k-31k took 1.83x the time of equal ones, BENCHMARKS.md issue 5, session
+    31), while 2 * S runs shared out by the streams' pairs make two waves of about equal CTAs, for
+    one more fixed cost per CTA and the merge. Past one wave balance keeps 1 run per stream and
+    launches the streams longest first (context_attention)."""
+    num_s, rows = q_pad.shape[:2]
+    cluster = cluster_size(rows)
     if splits is None:
-        splits = split_count(q_pad.shape[0] * q_pad.shape[1] // BLOCK_Q, kv_k.shape[1])
+        ctas = num_s * rows // BLOCK_Q
+        splits = split_count(ctas, kv_k.shape[1])
+        if balance and num_s > 1 and splits == 1 and ctas <= FILL_CTAS:
+            splits = 2
     return cluster, splits
 
 
@@ -620,7 +631,7 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     num_s, a, b, _ = q.shape
     operands = prepare(q, kv, ctx_lens, node_mask, heads_first=heads_first, q_rope=q_rope)
-    cluster, splits = launch(*operands[:2], splits=splits)
+    cluster, splits = launch(*operands[:2], splits=splits, balance=balance)
     kw = dict(num_q=b if heads_first else a, scale=scale, v_dim=v_dim, cluster=cluster)
     if splits == 1:
         out, _ = context(*operands, balance=balance, **kw)
