@@ -493,6 +493,7 @@ def test_mosaic_split_count():
     (16, 16, 16392, True, (2, 1)),     # 256 CTAs: unsplit, launched longest stream first
     (2, 32, 16392, True, (2, 2)),      # 64 CTAs: split_count's 2 runs either way
     (16, 1, 8200, True, (1, 8)),       # decode: split_count's runs
+    (8, 16, 128, True, (2, 1)),        # a one-pair cache: nothing to split
 ])
 def test_mosaic_launch(num_s, num_q, slots, balance, want):
     """launch: (cluster, runs per stream) from prepare's shapes (H 64: Q row blocks per stream)."""
@@ -661,6 +662,44 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
     np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
     seen = np.isfinite(np.asarray(lse_ref))
     np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)
+
+
+_COMPILE_KERNEL = """
+import functools, sys
+import jax, jax.numpy as jnp
+from pallas_kernels.mla_attention import mosaic_gpu
+num_s, rows, slots, num_q, cluster, splits, balance = (int(a) for a in sys.argv[1:])
+words = 4 * -(-(mosaic_gpu.PAIR - 1 + num_q) // mosaic_gpu.PAIR)
+args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (((num_s, rows, 576), jnp.bfloat16),
+        ((num_s, slots, 576), jnp.bfloat16), ((num_s,), jnp.int32), ((num_s, words, rows), jnp.int32))]
+run = functools.partial(mosaic_gpu.context_attention, num_q=num_q, scale=0.04, v_dim=512, cluster=cluster,
+                        splits=splits, balance=bool(balance))
+jax.jit(run).trace(*args).lower().compile()
+"""
+
+
+@pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.parametrize("num_s,rows,slots,num_q,cluster,splits,balance", [
+    (16, 64, 8200, 1, 1, 8, 0), (16, 64, 8200, 1, 1, 8, 1),    # decode, 8 runs per stream
+    (16, 1024, 16392, 16, 2, 1, 1),                            # unsplit, longest stream first
+    (8, 1024, 16392, 16, 2, 2, 1)])                            # launch's one-wave split
+def test_gpu_mosaic_kernel_does_not_spill(num_s, rows, slots, num_q, cluster, splits, balance):
+    """ptxas spills none of the kernel's registers (its report, MOSAIC_GPU_DUMP_PTXAS, read from a
+    fresh process's compile): with balance at 16 streams the run schedule's values once stayed live
+    into the consumers' loops and spilled 504 bytes, the loops 20% slower (BENCHMARKS.md issue 5,
+    session 32)."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _COMPILE_KERNEL, *map(str, (num_s, rows, slots, num_q, cluster,
+                                                                           splits, balance))],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stdout + out.stderr)
+    assert spills, f"no ptxas report in the compile's output: {out.stdout[-500:]}"
+    assert all(st == ld == "0" for st, ld in spills), spills
 
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")

@@ -125,9 +125,9 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
     Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it).
     timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)] (by grid position: CTA f =
-    s * splits + k at [s, :, k]; unsplit with balance, stream order[s] at [s]): when each CTA passed the points TIMELINE names, read from
-    %globaltimer by plain stores (no profiler buffer, no extra synchronisation:
-    experiments/mla_mosaic_probe.py --timeline)."""
+    s * splits + k at [s, :, k]; unsplit with balance, stream order[s] at [s]): when each CTA
+    passed the points TIMELINE names, read from %globaltimer by plain stores (no profiler buffer,
+    no extra synchronisation: experiments/mla_mosaic_probe.py --timeline)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -582,8 +582,9 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
 
 def launch(q_pad, kv_k, *, splits: int | None = None, balance: bool = False) -> tuple[int, int]:
     """(CTAs per cluster, runs per stream on average) for prepare's q rows and cache; splits None:
-    split_count, except that with balance and S > 1 a call whose row blocks fill the GPU in one
-    wave (FILL_CTAS / 2 < S * R / 64 <= FILL_CTAS) takes 2 runs per stream: unsplit, every CTA
+    split_count, except that with balance and S > 1 a call split_count leaves unsplit within one
+    wave (S * R / 64 <= FILL_CTAS CTAs) takes 2 runs per stream when the cache holds more than one
+    pair: unsplit, every CTA
     would start at once and the longest stream's would set the time (its order cannot help: 16k Q
     16 S 8 with contexts 1k-31k took 1.83x the time of equal ones, BENCHMARKS.md issue 5, session
     31), while 2 * S runs shared out by the streams' pairs make two waves of about equal CTAs, for
@@ -594,7 +595,7 @@ def launch(q_pad, kv_k, *, splits: int | None = None, balance: bool = False) -> 
     if splits is None:
         ctas = num_s * rows // BLOCK_Q
         splits = split_count(ctas, kv_k.shape[1])
-        if balance and num_s > 1 and splits == 1 and ctas <= FILL_CTAS:
+        if balance and num_s > 1 and splits == 1 and ctas <= FILL_CTAS and kv_k.shape[1] > PAIR:
             splits = 2
     return cluster, splits
 
