@@ -80,6 +80,7 @@ class Plan:
     moe_impl: str = "auto"
     topk_impl: str = "auto"
     drafter_attn_impl: str = "auto"
+    attn_balance: bool = False   # the target attention's hint for ragged stream lengths (model.forward)
 
     @property
     def nodes(self) -> int:
@@ -168,7 +169,8 @@ def stage_verify(tparams, state: EngineState, tree: trees.Tree | None, plan: Pla
         vis = tree.visibility
     taps = plan.dcfg.target_layer_ids if plan.dcfg is not None and plan.method != "ar" else ()
     out = tgt.forward(tparams, plan.tcfg, tokens, state.tcache.lengths[:, None] + depth, state.tcache,
-                      visibility=vis, taps=taps, attn_impl=plan.attn_impl, moe_impl=plan.moe_impl)
+                      visibility=vis, taps=taps, attn_impl=plan.attn_impl, moe_impl=plan.moe_impl,
+                      attn_balance=plan.attn_balance)
     return out.logits, out.cache, out.taps, tokens
 
 
@@ -298,7 +300,7 @@ def _prefill_state(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, 
     taps = plan.dcfg.target_layer_ids if use_drafter else ()
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (s, p))
     out = tgt.forward(tparams, plan.tcfg, tokens, positions, cache, num_new=lengths, taps=taps,
-                      attn_impl=plan.attn_impl, moe_impl=plan.moe_impl)
+                      attn_impl=plan.attn_impl, moe_impl=plan.moe_impl, attn_balance=plan.attn_balance)
     key, sub = jax.random.split(key)
     last = jnp.take_along_axis(out.logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
     first = choose(last, sub, plan.sampling)
@@ -355,7 +357,7 @@ class Setup:
 
 def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
           temperature=0.0, top_k=0, top_p=1.0, stop_tokens=(), max_len=None, attn_impl="auto",
-          moe_impl="auto", topk_impl="auto", drafter_attn_impl="auto") -> Setup:
+          moe_impl="auto", topk_impl="auto", drafter_attn_impl="auto", attn_balance=False) -> Setup:
     """Validate a generate call (see `generate`) and lay out its inputs."""
     tcfg = target[0]
     if method not in METHODS:
@@ -373,7 +375,7 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
         raise ValueError(f"drafter_attn_impl: {e}") from None
     plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0,
                 Sampling(temperature, top_k, top_p), _stop_tokens(stop_tokens),
-                attn_impl, moe_impl, topk_impl, drafter_attn_impl)
+                attn_impl, moe_impl, topk_impl, drafter_attn_impl, bool(attn_balance))
     lengths = np.array([len(p) for p in prompts], np.int32)
     if len(prompts) == 0 or np.any(lengths == 0):
         raise ValueError("prompts must be a non-empty list of non-empty token lists")
@@ -436,8 +438,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: int | Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-             topk_impl: str = "auto", drafter_attn_impl: str = "auto", stage_reps: int = 3,
-             warmup: bool = True,
+             topk_impl: str = "auto", drafter_attn_impl: str = "auto", attn_balance: bool = False,
+             stage_reps: int = 3, warmup: bool = True,
              steps_per_call: int = 1, timing_reps: int = 1,
              decode_loop: str = "auto") -> GenerateResult:
     """Speculative (or plain autoregressive) generation for S streams with their own prompts.
@@ -449,7 +451,9 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     stream (default: just enough, rounded up to model.CACHE_SLOT_ALIGN). attn_impl, moe_impl: the
     target's kernel implementations ("auto": by backend); topk_impl: the tree's (the top-K, the
     search, and the accept walk with the cache compaction, "tree_accept"); drafter_attn_impl: the
-    drafter's projection and attention (likewise: "pallas_triton" on a GPU). `stage_times` are per-step
+    drafter's projection and attention (likewise: "pallas_triton" on a GPU); attn_balance: the
+    target attention's hint for ragged stream lengths (model.forward; the same tokens either way,
+    faster on Hopper when the streams' contexts differ). `stage_times` are per-step
     seconds of the separately jitted stages (0 reps: skipped).
     warmup: run the compiled step once on a copy of the state before the timed decode, so one-time
     costs of an executable's first run (such as loading its kernels) stay out of tokens/s.
@@ -466,7 +470,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
                temperature=temperature, top_k=top_k, top_p=top_p, stop_tokens=stop_tokens,
                max_len=max_len, attn_impl=attn_impl, moe_impl=moe_impl, topk_impl=topk_impl,
-               drafter_attn_impl=drafter_attn_impl)
+               drafter_attn_impl=drafter_attn_impl, attn_balance=attn_balance)
     plan, tparams = su.plan, target[1]
     loop = decode_loop_for(plan, decode_loop)
     dparams = drafter[1] if plan.dcfg is not None else None

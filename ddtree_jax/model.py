@@ -224,7 +224,8 @@ class MLA(nn.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode: str, attn_impl: str):
+    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode: str, attn_impl: str,
+                 attn_balance: bool = False):
         cfg, pd = self.cfg, self.param_dtype
         s, t, d = x.shape
         h, nope, rdim, vdim, lora = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
@@ -252,8 +253,8 @@ class MLA(nn.Module):
             # The latent and rope parts go in apart: concatenated, XLA wrote the [S, H, T, Dk] query
             # through a slow transpose fusion (H200, shipped pair: 8.9 us a layer at T = 65).
             q_lat = jnp.einsum("sthn,lhn->shtl", q_nope, w_uk)
-            attend = functools.partial(registry.get("mla_attention", attn_impl),
-                                       scale=cfg.softmax_scale, v_dim=lora, heads_first=True)
+            attend = functools.partial(registry.get("mla_attention", attn_impl), scale=cfg.softmax_scale,
+                                       v_dim=lora, heads_first=True, balance=attn_balance)
             o_lat = sharding.attention(attend, q_lat, kv, lengths, mla_kernels.visibility_to_mask(vis),
                                        heads_first=True, q_rope=q_pe.swapaxes(1, 2))
             o = jnp.einsum("shtl,lhv->sthv", o_lat.astype(x.dtype), w_uv)
@@ -294,11 +295,12 @@ class DecoderLayer(nn.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode, attn_impl, moe_impl):
+    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode, attn_impl, moe_impl,
+                 attn_balance: bool = False):
         cfg, pd = self.cfg, self.param_dtype
         a, kv = MLA(cfg, pd, name="self_attn")(
             RMSNorm(cfg.rms_norm_eps, pd, name="input_layernorm")(x),
-            positions, kv, lengths, visibility, num_new, mode, attn_impl)
+            positions, kv, lengths, visibility, num_new, mode, attn_impl, attn_balance)
         h = x + a
         y = RMSNorm(cfg.rms_norm_eps, pd, name="post_attention_layernorm")(h)
         if cfg.is_moe_layer(self.index):
@@ -314,13 +316,14 @@ class Decoder(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, kv, lengths, visibility, num_new, taps: Sequence[int],
-                 mode: str = "absorbed", attn_impl: str = "auto", moe_impl: str = "auto"):
+                 mode: str = "absorbed", attn_impl: str = "auto", moe_impl: str = "auto",
+                 attn_balance: bool = False):
         cfg, pd = self.cfg, self.param_dtype
         x = Embed(cfg.vocab_size, cfg.hidden_size, pd, name="embed_tokens")(tokens)
         new_kv, tapped = [], {}
         for i in range(cfg.num_hidden_layers):
             x, layer_kv = DecoderLayer(cfg, i, pd, name=f"layers_{i}")(
-                x, positions, kv[i], lengths, visibility, num_new, mode, attn_impl, moe_impl)
+                x, positions, kv[i], lengths, visibility, num_new, mode, attn_impl, moe_impl, attn_balance)
             new_kv.append(layer_kv)
             if i in taps:
                 tapped[i] = x
@@ -364,13 +367,15 @@ def _is_concrete(*xs) -> bool:
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, visibility=None,
             num_new=None, taps: Sequence[int] = (), attn_mode: str = "absorbed",
-            attn_impl: str = "auto", moe_impl: str = "auto") -> ForwardOut:
+            attn_impl: str = "auto", moe_impl: str = "auto", attn_balance: bool = False) -> ForwardOut:
     """Run T new tokens per stream against `cache`.
 
     tokens, positions [S, T] integer; visibility [S, T, T] bool (None: causal among the new tokens);
     num_new [S] integer in [0, T], valid new tokens per stream (None: all T). New tokens are written at slots
     lengths[s] + t; the returned cache has lengths += num_new. Returns logits [S, T, V] float32,
     the cache, and the hidden states after layers `taps` concatenated [S, T, len(taps) * d].
+    attn_balance: the "mla_attention" op's scheduling hint for ragged stream lengths (the same
+    logits either way; pallas_kernels.mla_attention.mla_attention's balance).
     """
     tokens = integer_array("tokens", tokens, jnp)
     positions = integer_array("positions", positions, jnp)
@@ -410,16 +415,16 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, 
     if attn_mode not in ("absorbed", "naive"):
         raise ValueError(f"attn_mode must be 'absorbed' or 'naive', got {attn_mode!r}")
     return _apply(params, cfg, tokens, positions, cache, visibility, num_new, tuple(taps), attn_mode,
-                  attn_impl, moe_impl)
+                  attn_impl, moe_impl, bool(attn_balance))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "taps", "attn_mode", "attn_impl", "moe_impl"))
+@functools.partial(jax.jit, static_argnames=("cfg", "taps", "attn_mode", "attn_impl", "moe_impl", "attn_balance"))
 def _apply(params, cfg, tokens, positions, cache, visibility, num_new, taps, attn_mode, attn_impl,
-           moe_impl) -> ForwardOut:
+           moe_impl, attn_balance) -> ForwardOut:
     dtype = jax.tree_util.tree_leaves(params["embed_tokens"])[0].dtype
     logits, kv, tap_out = Decoder(cfg, dtype).apply(
         {"params": params}, tokens, positions, cache.kv, cache.lengths, visibility, num_new,
-        taps, attn_mode, attn_impl, moe_impl)
+        taps, attn_mode, attn_impl, moe_impl, attn_balance)
     return ForwardOut(logits=logits, cache=LatentCache(kv=kv, lengths=cache.lengths + num_new),
                       taps=tap_out)
 

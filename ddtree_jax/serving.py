@@ -79,12 +79,12 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
           budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: int | Sequence[int] = (),
           max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-          topk_impl: str = "auto", drafter_attn_impl: str = "auto", steps_per_call: int = 1,
-          max_lag: int | None = None,
-          warmup: bool = True) -> GenerateResult:
+          topk_impl: str = "auto", drafter_attn_impl: str = "auto", attn_balance: bool = False,
+          steps_per_call: int = 1, max_lag: int | None = None, warmup: bool = True) -> GenerateResult:
     """Serve every prompt (one request each, in order) with `streams` slots decoding at once.
 
-    Arguments as `engine.generate` (max_new_tokens: one int or one per request). Returns a
+    Arguments as `engine.generate` (max_new_tokens: one int or one per request; attn_balance is
+    meant for this ragged case: the slots' contexts differ). Returns a
     GenerateResult with one entry per request in `tokens`, `acceptance_lengths` and
     `request_seconds` (host clock from the request's admission, or the start for the first
     `streams`, to the host seeing it done: up to `max_lag` calls late); `steps` counts the steps in
@@ -99,7 +99,8 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
                       max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                       top_p=top_p, stop_tokens=stop_tokens, max_len=max_len, attn_impl=attn_impl,
-                      moe_impl=moe_impl, topk_impl=topk_impl, drafter_attn_impl=drafter_attn_impl)
+                      moe_impl=moe_impl, topk_impl=topk_impl, drafter_attn_impl=drafter_attn_impl,
+                      attn_balance=attn_balance)
     plan, tparams = su.plan, target[1]
     dparams = drafter[1] if plan.dcfg is not None else None
     n, s = len(prompts), min(int(streams), len(prompts))

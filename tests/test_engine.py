@@ -13,6 +13,7 @@ from scipy import stats
 import ddtree_jax as dj
 from ddtree_jax import engine
 from ddtree_jax.config import ConfigError
+from pallas_kernels import registry
 from tests.kernel_testing import assert_close
 
 
@@ -188,6 +189,23 @@ def test_drafter_kernel_keeps_generation_lossless(pair32, prompts, greedy_ar):
     assert out.tokens == ar.tokens[:6]
     with pytest.raises(ValueError, match="drafter_attn_impl"):
         engine.generate(target, drafter, [[1]], drafter_attn_impl="cuda")
+
+
+def test_attn_balance_reaches_the_attention_and_keeps_tokens(pair32, prompts, greedy_ar, monkeypatch):
+    """serve(attn_balance=True) (ragged slots, the case it is for): every target attention call,
+    prefill and verify, gets the hint (pallas_kernels.mla_attention's balance), and the tokens are
+    greedy ar's."""
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    xla = registry._REGISTRY["mla_attention"]["xla"]
+    hints = []
+    monkeypatch.setitem(registry._REGISTRY["mla_attention"], "xla",
+                        lambda *a, **k: hints.append(k.get("balance")) or xla(*a, **k))
+    out = dj.serve(target, drafter, prompts[:6], streams=3, method="ddtree", budget=6,
+                   max_new_tokens=max_new[:6], stop_tokens=(stop,), attn_impl="xla", attn_balance=True)
+    assert out.tokens == ar.tokens[:6]
+    assert hints and set(hints) == {True}, hints
+    assert engine.setup(target, drafter, [[1]], attn_balance=True).plan.attn_balance is True
 
 
 def test_decode_loop_choice(pair32):

@@ -406,6 +406,17 @@ MOSAIC_CASES = [  # (id, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): a
 ]
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+def test_balance_hint_changes_nothing_where_nothing_is_scheduled(impl):
+    """mla_attention(balance=True) on the implementations that have no schedule to balance: the
+    same output, bit for bit, as without the hint (ragged contexts, one stream empty)."""
+    q, kv, ctx_lens, node_mask, _ = make_case(3, 5, 4, 64, 32, 300, [0, 250, 40], ["bushy", "chain", "star"],
+                                              jnp.float32)
+    out = [np.asarray(mla_attention(q, kv, ctx_lens, node_mask, scale=0.2, v_dim=32, impl=impl, balance=b))
+           for b in (False, True)]
+    np.testing.assert_array_equal(*out)
+
+
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=lambda c: f"case{c[0]}")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("splits,merge,balance", [(None, "pallas", False), (3, "xla", False), (3, "pallas", False),

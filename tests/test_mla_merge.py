@@ -86,8 +86,8 @@ def test_stream_order_is_longest_first_and_stable():
     """stream_order: the streams by the pairs they walk (whole context pairs and tail pairs, as
     totals_py counts them), most first, equal totals in stream order; random ragged contexts."""
     rng = fresh_rng()
-    for _ in range(20):
-        num_s, num_q = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+    for num_s in (1, 3, 16, 37, 37, 37):       # few shapes: each new one compiles the eager ops
+        num_q = int(rng.integers(1, 300))
         ctx = [int(c) for c in rng.integers(0, 4, num_s) * int(rng.integers(1, 3000))]   # ties likely
         totals = totals_py(ctx, num_q)
         want = sorted(range(num_s), key=lambda j: (-totals[j], j))

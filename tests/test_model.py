@@ -209,7 +209,8 @@ def test_bad_num_new_and_dtypes(tiny):
 def _k2_width_verify(tiny, *, dense: bool, slots: int):
     """A budget-64 tree verify (Q = 65, 2 streams with contexts 300 and 131) at K2's attention
     widths (64 heads, latent 512 + rope 64), the prefix prefilled by xla into a `slots`-slot
-    cache; dense: no routed-expert layers. -> (cfg, run) with run(dtype, attn_impl) -> logits."""
+    cache; dense: no routed-expert layers. -> (cfg, run) with run(dtype, attn_impl, attn_balance=False)
+    -> logits."""
     cfg = tiny.replace(num_hidden_layers=2, num_attention_heads=64, kv_lora_rank=512, qk_rope_head_dim=64,
                        qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=2 if dense else 1)
     jparams, _, _ = _params(cfg, seed=21)
@@ -227,30 +228,37 @@ def _k2_width_verify(tiny, *, dense: bool, slots: int):
     vis = jnp.asarray(vis)[None].repeat(2, 0)
     pos = jnp.asarray(ctx)[:, None] + jnp.asarray(depth)[None]
 
-    def run(dtype, attn_impl):
+    def run(dtype, attn_impl, attn_balance=False):
         cache = dj.forward(params[dtype], cfg, prefix, jnp.broadcast_to(jnp.arange(max(ctx)), (2, max(ctx))),
                            dj.init_cache(cfg, 2, slots, dtype), num_new=jnp.asarray(ctx), attn_impl="xla").cache
-        return dj.forward(params[dtype], cfg, nodes, pos, cache, visibility=vis, attn_impl=attn_impl).logits
+        return dj.forward(params[dtype], cfg, nodes, pos, cache, visibility=vis, attn_impl=attn_impl,
+                          attn_balance=attn_balance).logits
     return cfg, run
 
 
-@pytest.mark.parametrize("impl", ["pallas_triton", "mosaic_gpu"])
-def test_bf16_verify_logits_match_xla(tiny, impl, monkeypatch):
+@pytest.mark.parametrize("impl,balance", [("pallas_triton", False), ("mosaic_gpu", False), ("mosaic_gpu", True)])
+def test_bf16_verify_logits_match_xla(tiny, impl, balance, monkeypatch):
     """bf16 verify logits with each attention kernel are as close to the float32 model's as the
     xla path's (0.55-0.57% for all three on the CPU). mosaic_gpu: the kernel on a Hopper GPU,
-    else its XLA twin in the wrapper. Dense layers only: in a routed layer a ~1e-3 change in the
+    else its XLA twin in the wrapper; balance: forward(attn_balance=True) reaches every layer's
+    attention call (its 2 x 65 row blocks fill one wave, so with balance it splits each stream's
+    keys in two under the run schedule). Dense layers only: in a routed layer a ~1e-3 change in the
     attention output can flip one token's expert set (on the CPU pallas_triton flipped 1 of the
     130 verify tokens, and that token was 92% of its 2.3% logits error; xla flipped none)."""
+    fn = registry._REGISTRY["mla_attention"][impl]
     if impl == "mosaic_gpu" and not mosaic_gpu.is_hopper():
         if jax.default_backend() == "gpu":
             pytest.skip("Pallas Mosaic GPU kernel: Hopper GPU only")
-        twin = functools.partial(mosaic_gpu.mla_attention_mosaic, context=mosaic_gpu.context_attention_xla)
-        monkeypatch.setitem(registry._REGISTRY["mla_attention"], "mosaic_gpu", twin)
+        fn = functools.partial(mosaic_gpu.mla_attention_mosaic, context=mosaic_gpu.context_attention_xla)
+    hints = []
+    monkeypatch.setitem(registry._REGISTRY["mla_attention"], impl,
+                        lambda *a, **k: hints.append(k.get("balance")) or fn(*a, **k))
     _, run = _k2_width_verify(tiny, dense=True, slots=400)
     ref = np.asarray(run(jnp.float32, "xla"), np.float64)
-    err = {name: float(np.linalg.norm(np.asarray(run(jnp.bfloat16, name), np.float64) - ref) / np.linalg.norm(ref))
-           for name in ("xla", impl)}
+    err = {name: float(np.linalg.norm(np.asarray(run(jnp.bfloat16, name, balance), np.float64) - ref)
+                       / np.linalg.norm(ref)) for name in ("xla", impl)}
     assert err["xla"] < 1.5e-2 and err[impl] < min(1.5e-2, 2 * err["xla"] + 2e-3), err
+    assert hints and set(hints) == {balance}, hints
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu" or not mosaic_gpu.is_hopper(),

@@ -84,16 +84,20 @@ def _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first=False, q_rop
 
 
 def mla_attention(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, impl: str = "auto",
-                  heads_first: bool = False, q_rope=None) -> jax.Array:
+                  heads_first: bool = False, q_rope=None, balance: bool = False) -> jax.Array:
     """Tree-verify attention: q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32,
     node_mask [S,Q,ceil(Q/32)] int32 -> [S,Q,H,v_dim] in q.dtype (softmax in float32).
     heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim], the layout of a per-head batched matmul's output.
     q_rope: the query's rope part [S,Q,H,Dk-v_dim] (heads_first: [S,H,Q,.]) given on its own, q
     then holding only the latent part [.., v_dim]: the absorbed model computes the two apart, and
-    passing them so writes no concatenated [.., Dk] query."""
+    passing them so writes no concatenated [.., Dk] query.
+    balance: a scheduling hint for ragged contexts, the same result either way: "mosaic_gpu"
+    shares its split runs out by the streams' lengths and launches unsplit calls longest stream
+    first (mosaic_gpu.context_attention's balance; 1-4 us slower per call with equal contexts);
+    "xla" and "pallas_triton" have nothing to schedule and ignore it."""
     q, kv, ctx_lens, node_mask = map(jnp.asarray, (q, kv, ctx_lens, node_mask))
     q_rope = None if q_rope is None else jnp.asarray(q_rope)
     _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first, q_rope)
     fn = registry.get("mla_attention", impl)
     return fn(q, kv, ctx_lens.astype(jnp.int32), node_mask, scale=float(scale), v_dim=int(v_dim),
-              heads_first=bool(heads_first), q_rope=q_rope)
+              heads_first=bool(heads_first), q_rope=q_rope, balance=bool(balance))

@@ -656,9 +656,9 @@ AUTO_MIN_CTAS = 128
 
 
 def supports(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
-             q_rope=None) -> str | None:
+             q_rope=None, balance: bool = False) -> str | None:
     """Why the registered "mosaic_gpu" implementation cannot take this call, or None."""
-    del ctx_lens, node_mask, scale, heads_first
+    del ctx_lens, node_mask, scale, heads_first, balance
     if not is_hopper():
         return ("needs a Hopper GPU (Pallas Mosaic GPU has no CPU interpreter for this kernel); "
                 "use 'xla' or 'pallas_triton'")
@@ -672,11 +672,11 @@ def supports(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_firs
 
 @registry.chooser("mla_attention")
 def choose(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
-           q_rope=None) -> str:
+           q_rope=None, balance: bool = False) -> str:
     """impl="auto" on a GPU: "mosaic_gpu" when the cache has AUTO_MIN_SLOTS slots or the call
     AUTO_MIN_CTAS row blocks (too few CTAs are made up by `split_count`), else "pallas_triton"
     (the registry falls back from either when its `supports` rule refuses the call)."""
-    del ctx_lens, node_mask, scale, v_dim, heads_first, q_rope
+    del ctx_lens, node_mask, scale, v_dim, heads_first, q_rope, balance
     num_s, a, b, _ = q.shape
     big = kv.shape[1] >= AUTO_MIN_SLOTS or num_s * -(-a * b // BLOCK_Q) >= AUTO_MIN_CTAS
     return "mosaic_gpu" if big else "pallas_triton"
@@ -684,8 +684,8 @@ def choose(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first:
 
 @registry.register("mla_attention", "mosaic_gpu", supports=supports)
 def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                heads_first: bool = False, q_rope=None) -> jax.Array:
+                heads_first: bool = False, q_rope=None, balance: bool = False) -> jax.Array:
     if why := supports(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim, q_rope=q_rope):
         raise ValueError(f"mla_attention impl 'mosaic_gpu': {why}")
     return mla_attention_mosaic(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
-                                heads_first=heads_first, q_rope=q_rope)
+                                heads_first=heads_first, q_rope=q_rope, balance=balance)

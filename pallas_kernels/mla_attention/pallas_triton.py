@@ -289,14 +289,15 @@ def _dims_supported(dk: int, v_dim: int) -> str | None:
 
 
 def supports(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, heads_first: bool = False,
-             q_rope=None) -> str | None:
+             q_rope=None, balance: bool = False) -> str | None:
     """Why the registered "pallas_triton" implementation cannot take this call, or None."""
-    del kv, ctx_lens, node_mask, scale, heads_first
+    del kv, ctx_lens, node_mask, scale, heads_first, balance
     return _dims_supported(q.shape[-1] + (0 if q_rope is None else q_rope.shape[-1]), v_dim)
 
 
 @registry.register("mla_attention", "pallas_triton", supports=supports)
 def _registered(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                heads_first: bool = False, q_rope=None) -> jax.Array:
+                heads_first: bool = False, q_rope=None, balance: bool = False) -> jax.Array:
+    del balance     # the registry's scheduling hint (mla_attention): this kernel's programs are per stream
     return mla_attention_pallas(q, kv, ctx_lens, node_mask, scale=scale, v_dim=v_dim,
                                 heads_first=heads_first, q_rope=q_rope)

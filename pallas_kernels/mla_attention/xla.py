@@ -40,11 +40,13 @@ def _scores(q, k, scale):
 
 
 @registry.register("mla_attention", "xla")
-@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first"))
+@functools.partial(jax.jit, static_argnames=("scale", "v_dim", "heads_first", "balance"))
 def mla_attention_xla(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int,
-                      heads_first: bool = False, q_rope=None) -> jax.Array:
+                      heads_first: bool = False, q_rope=None, balance: bool = False) -> jax.Array:
     """q [S,Q,H,Dk], kv [S,N,Dk], ctx_lens [S] int32, node_mask [S,Q,W] int32 -> [S,Q,H,v_dim];
-    heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim]; q_rope: q's last v_dim.. channels given apart."""
+    heads_first: q [S,H,Q,Dk] -> [S,H,Q,v_dim]; q_rope: q's last v_dim.. channels given apart;
+    balance: the registry's scheduling hint (mla_attention), nothing to schedule here."""
+    del balance
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     if heads_first:
