@@ -547,14 +547,15 @@ def test_mosaic_supported_says_why():
     assert "too wide" in mosaic_gpu.supported(640, 512, jnp.bfloat16)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_mosaic_kernel_lowers_with_balanced_runs(splits):
+@pytest.mark.parametrize("splits,rows", [(1, 128), (3, 128), (3, 1024)])
+def test_mosaic_kernel_lowers_with_balanced_runs(splits, rows):
     """context_attention(balance=True) lowers for CUDA on the CPU, clusters of one and two, with
-    and without the timeline: splits 3, the schedule's scalar code in the kernel; splits 1, the
-    streams launched longest first (the order an input, the grid's stream axis the slow one)."""
-    q = jax.ShapeDtypeStruct((3, 128, 576), jnp.bfloat16)
+    and without the timeline: splits 3, the schedule's scalar code in the kernel (at 1024 rows
+    its 144 CTAs exceed one wave: launched by their runs' pairs, the order an input); splits 1,
+    the streams launched longest first (the order an input, the grid's stream axis the slow one)."""
+    q = jax.ShapeDtypeStruct((3, rows, 576), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((3, 1024, 576), jnp.bfloat16)
-    lens, bits = jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 4, 128), jnp.int32)
+    lens, bits = jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 4, rows), jnp.int32)
     for cluster, timeline in itertools.product((1, 2), (False, True)):
         run = functools.partial(mosaic_gpu.context_attention, num_q=5, scale=0.1, v_dim=512, cluster=cluster,
                                 splits=splits, balance=True, timeline=timeline)
@@ -632,7 +633,8 @@ CONTEXT_CASES = [  # (rows, cluster, ctx_lens, Q, splits, epilogue): pairs 0-64,
     (128, 2, [0, 130, 996, 8192], 70, 1, "tma"), (192, 1, [1, 191, 896, 8197], 1, 1, "tma"),
     (128, 2, [1023] * 4, 200, 1, "tma"), (192, 1, [0, 64, 127, 5], 1, 1, "tma"),
     (128, 2, [0, 130, 996, 8192], 70, 3, "tma"), (64, 1, [63, 256, 1216, 8192], 1, 5, "tma"),
-    (64, 1, [0, 256, 1152, 8192], 1, 8, "tma"), (128, 2, [0, 130, 996, 8192], 70, 3, "registers")]
+    (64, 1, [0, 256, 1152, 8192], 1, 8, "tma"), (128, 2, [0, 130, 996, 8192], 70, 3, "registers"),
+    (1024, 2, [0, 130, 996, 8192], 16, 3, "tma")]      # 192 CTAs: past one wave
 
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
@@ -648,7 +650,8 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
     stale NaN); splits > 1: each run's part (balance: runs.run_schedule shares the 4 * splits CTAs
     out by the streams' pairs, with splits 3 here 1, 1, 2 and 8 runs), then merged; splits 1 with
     balance: the streams launched longest first (runs.stream_order), each output still at its
-    own stream. Both epilogues."""
+    own stream; split past one wave with balance: the CTAs launched longest run first
+    (runs.part_order), each part still at its own place. Both epilogues."""
     ctx_lens = jnp.asarray(ctx, jnp.int32)
     counts = [c // mosaic_gpu.PAIR for c in ctx]
     rng = fresh_rng()

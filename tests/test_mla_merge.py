@@ -95,6 +95,25 @@ def test_stream_order_is_longest_first_and_stable():
     assert [int(j) for j in runs.stream_order(jnp.asarray([0, 130, 996, 8192]), 70)] == [3, 2, 1, 0]
 
 
+def test_part_order_is_longest_run_first_and_stable():
+    """part_order: a row block's CTAs by the pairs of their runs under run_schedule's rule (each
+    stream's total split by run_bounds: the remainder to its last runs), most first, ties in CTA
+    order; part_runs' arrays as the rule gives them, random ragged contexts and widths."""
+    rng = fresh_rng()
+    for num_s, width in ((1, 5), (3, 7), (8, 16), (16, 48)):
+        num_q = int(rng.integers(1, 300))
+        ctx = [int(c) for c in rng.integers(0, 5, num_s) * int(rng.integers(1, 4000))]   # ties likely
+        totals = totals_py(ctx, num_q)
+        count, first = schedule_py(totals, width)
+        pairs = [totals[s] // count[s] + (k >= count[s] - totals[s] % count[s])
+                 for s in range(num_s) for k in range(count[s])]
+        stream, first_pair, got_pairs = (np.asarray(a) for a in runs.part_runs(jnp.asarray(ctx), num_q, width))
+        assert got_pairs.tolist() == pairs and stream.tolist() == [s for s in range(num_s) for _ in range(count[s])]
+        assert all(first_pair[first[s]] == 0 for s in range(num_s))
+        want = sorted(range(width), key=lambda f: (-pairs[f], f))
+        assert [int(f) for f in runs.part_order(jnp.asarray(ctx), num_q, width)] == want, (ctx, num_q, width)
+
+
 @pytest.mark.parametrize("balance", [True, False])
 @pytest.mark.parametrize("form", merge.FORMS)
 @pytest.mark.parametrize("ctx,num_q,splits,r,v,kc,dtype", [

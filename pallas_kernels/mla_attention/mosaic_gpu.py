@@ -62,8 +62,8 @@ from jax import lax
 
 from pallas_kernels import registry
 from pallas_kernels.mla_attention.merge import merge_splits
-from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, part_runs, pick, run_bounds, run_of, stream_order,
-                                               tail_counts, total_pairs)
+from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, part_order, part_runs, pick, run_bounds, run_of,
+                                               stream_order, tail_counts, total_pairs)
 
 BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
@@ -116,7 +116,9 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     longest stream first (`runs.stream_order`, one XLA sort before the kernel; grid position
     s_grid runs stream order[s_grid], all its row blocks together) instead of every stream's
     row block 0 first, so that with ragged contexts the long streams' CTAs are not the last
-    wave's. `combine_splits` or
+    wave's; split calls with balance whose CTAs exceed one wave (R / 64 * S * splits > FILL_CTAS)
+    launch them by their runs' pairs, most first (`runs.part_order`; grid position g runs CTA
+    part order[g] of every row block), for the same reason. `combine_splits` or
     `merge.merge_splits` merges the parts (bf16 parts halve the bytes the kernel writes and the
     merge reads; the merge's weights come from the float32 lse).
     epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
@@ -124,8 +126,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
     Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it).
-    timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)] (by grid position: CTA f =
-    s * splits + k at [s, :, k]; unsplit with balance, stream order[s] at [s]): when each CTA
+    timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)] (CTA f = s * splits + k
+    at [s, :, k] whatever the launch order; unsplit with balance, stream order[s] at [s]): when each CTA
     passed the points TIMELINE names, read from %globaltimer by plain stores (no profiler buffer,
     no extra synchronisation: experiments/mla_mosaic_probe.py --timeline)."""
     from jax.experimental import pallas as pl
@@ -149,23 +151,29 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     load = (lambda ref, **kw: plmg.load(ref, (), **kw)) if index_required else plmg.load
 
     longest_first = balance and splits == 1 and num_s > 1
+    parts_first = balance and splits > 1 and rows // BLOCK_Q * num_s * splits > FILL_CTAS
 
     def body(q_ref, kv_ref, ctx_ref, bits_ref, *refs, q_space, k_smem, p_smem, stat_smem, slot_smem, q_bar,
              k_full, k_free, p_ready, l_bar, done=None):
-        order_ref, refs = (refs[0], refs[1:]) if longest_first else (None, refs)
+        order_ref, refs = (refs[0], refs[1:]) if longest_first or parts_first else (None, refs)
         o_ref, lse_ref, times_ref = (*refs, None)[:3]
         q_smem, o_stage = q_space     # O is staged where Q was, once both consumers are done with Q
         # stat_smem rows (shared memory is full to the last KB): 0 and 1 the latest row max of
         # consumer 0 and 1; at the end row 1 consumer 0's row sum, row 2 consumer 1's, then lse.
-        s_grid, block = lax.axis_index("stream"), lax.axis_index("rows")
+        if parts_first:     # grid position g runs CTA part order[g] of every row block
+            part = order_ref[lax.axis_index("part")]
+            s_grid, split = lax.div(part, splits), lax.rem(part, splits)
+        else:
+            s_grid = lax.axis_index("stream")
+            split = lax.axis_index("split") if splits > 1 else 0
+            part = s_grid * splits + split
+        block = lax.axis_index("rows")
         if cluster > 1:     # the CTAs of a cluster: consecutive row blocks of one stream
             block = block * cluster + lax.axis_index("cluster")
         r0 = block * BLOCK_Q
         rows_here = pl.ds(r0, BLOCK_Q)
         wg = lax.axis_index("wg")
         if splits > 1 and balance:      # CTA `part` of its row block: run k of stream s (runs.py)
-            split = lax.axis_index("split")
-            part = s_grid * splits + split
             lens = [ctx_ref[j] for j in range(num_s)]
             totals = [total_pairs(n, num_q) for n in lens]
             s, run_index, count = run_of(part, totals, num_s * splits)
@@ -176,8 +184,6 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             # spill loads, the loops 20% slower; BENCHMARKS.md issue 5, session 32).
             s, ctx_len, total, first, num_pairs = lax.optimization_barrier((s, ctx_len, total, first, num_pairs))
         elif splits > 1:
-            split = lax.axis_index("split")
-            part = s_grid * splits + split
             s, ctx_len = s_grid, ctx_ref[s_grid]
             total = total_pairs(ctx_len, num_q)
             first, num_pairs = run_bounds(total, splits, split)
@@ -198,7 +204,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
 
         def stamp(point: str):
             if timeline:
-                _stamp(times_ref.at[s_grid, block, split if splits > 1 else 0], TIMELINE.index(point))
+                _stamp(times_ref.at[s_grid, block, split], TIMELINE.index(point))
 
         def tile_keys(j):
             return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
@@ -416,6 +422,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
         out_type = (jax.ShapeDtypeStruct((num_s * splits, rows, v_dim), q.dtype),
                     jax.ShapeDtypeStruct((num_s * splits, rows), jnp.float32))
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s, splits), ("rows", "stream", "split")
+        if parts_first:     # past one wave: the CTA parts by their runs' pairs, each part's row blocks together
+            grid, grid_names = (num_s * splits, rows // BLOCK_Q // cluster), ("part", "rows")
     if timeline:
         out_type += (jax.ShapeDtypeStruct((num_s, rows // BLOCK_Q, splits, len(TIMELINE)), jnp.int32),)
     kernel = plmg.kernel(
@@ -429,7 +437,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             approx_math=True, reduction_scratch_bytes=0,
             **(dict(profile_space=PROFILE_RANGES, profile_dir=profile_dir) if profile_dir else {})),
     )
-    order = [stream_order(ctx_lens, num_q)] if longest_first else []
+    order = ([stream_order(ctx_lens, num_q)] if longest_first
+             else [part_order(ctx_lens, num_q, num_s * splits)] if parts_first else [])
     return kernel(q, kv, ctx_lens.astype(jnp.int32), tail_bits.astype(jnp.int32), *order)
 
 

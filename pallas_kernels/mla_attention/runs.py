@@ -120,15 +120,30 @@ def stream_order(ctx_lens, num_q: int):
 
 def part_runs(ctx_lens, num_q: int, width: int, balance: bool = True):
     """The schedule of `width` CTAs for contexts ctx_lens [S] (an array) as arrays, for XLA code:
-    (stream [W], first pair [W], pairs [W]) of each CTA's run; balance False: width / S runs for
-    every stream (CTA f is run f % (W / S) of stream f // (W / S))."""
+    (stream [W], first pair [W], pairs [W]) of each CTA's run, by run_schedule's rule in array ops
+    (balance False: width / S runs for every stream, CTA f run f % (W / S) of stream f // (W / S))."""
     num_s = ctx_lens.shape[0]
-    totals = [total_pairs(ctx_lens[j].astype(jnp.int32), num_q) for j in range(num_s)]
-    cols = []
-    for f in range(width):
-        if balance:
-            s, k, count = run_of(jnp.int32(f), totals, width)
-        else:
-            s, k, count = jnp.int32(f // (width // num_s)), jnp.int32(f % (width // num_s)), width // num_s
-        cols.append((s, *run_bounds(pick(totals, s), count, k)))
-    return tuple(jnp.stack(c) for c in zip(*cols))
+    totals = total_pairs(ctx_lens.astype(jnp.int32), num_q)                     # [S]
+    f = jnp.arange(width, dtype=jnp.int32)
+    if balance:
+        if not 1 <= num_s <= width:
+            raise ValueError(f"part_runs: needs 1 <= S <= width; got S={num_s}, width={width}")
+        weights, u = _weights(list(totals))
+        edges = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(jnp.stack(weights))])   # [S + 1]
+        b = lax.div(2 * (width - num_s) * edges + u, 2 * u)
+        count, first = 1 + b[1:] - b[:-1], jnp.arange(num_s, dtype=jnp.int32) + b[:-1]
+        stream = (first[None, :] <= f[:, None]).sum(1).astype(jnp.int32) - 1          # [W]
+        k = f - first[stream]
+        count = count[stream]
+    else:
+        per = width // num_s
+        stream, k, count = f // per, f % per, jnp.full(width, per, jnp.int32)
+    return (stream, *run_bounds(totals[stream], count, k))
+
+
+def part_order(ctx_lens, num_q: int, width: int):
+    """The CTAs of a row block by the pairs of their runs (`part_runs` with balance), most first
+    (ties in CTA order): int32 [W] for contexts ctx_lens [S] (an array; XLA code). Split calls
+    with balance whose CTAs exceed one wave launch them in this order, all row blocks of the
+    longest run first, so the long runs are not left for the last wave."""
+    return jnp.argsort(-part_runs(ctx_lens, num_q, width)[2], stable=True).astype(jnp.int32)
