@@ -116,17 +116,18 @@ def test_part_order_is_longest_run_first_and_stable():
 
 @pytest.mark.parametrize("balance", [True, False])
 @pytest.mark.parametrize("form", merge.FORMS)
-@pytest.mark.parametrize("ctx,num_q,splits,r,v,kc,dtype", [
-    ([500], 1, 1, 8, 64, 16, jnp.bfloat16),                        # one part
-    ([300, 2000], 5, 3, 16, 128, 2, jnp.float32),                  # 1 and 5 parts
-    ([8000], 1, 16, 64, 64, 16, jnp.bfloat16),
-    ([100, 9000, 0], 1, 5, 8, 64, 4, jnp.bfloat16),                # 1, 13 and 1 parts; 0 idle
-    ([0, 0, 300, 5000], 1, 5, 8, 32, 16, jnp.float32),             # 1, 1, 2, 16 parts
+@pytest.mark.parametrize("ctx,num_q,splits,r,v,kc,br,dtype", [
+    ([500], 1, 1, 8, 64, 16, 8, jnp.bfloat16),                     # one part
+    ([300, 2000], 5, 3, 16, 128, 2, 16, jnp.float32),              # 1 and 5 parts
+    ([8000], 1, 16, 64, 64, 16, 64, jnp.bfloat16),                 # 64 rows per program: 2 parts a step
+    ([8000], 1, 16, 64, 64, 16, 8, jnp.bfloat16),
+    ([100, 9000, 0], 1, 5, 8, 64, 4, 8, jnp.bfloat16),             # 1, 13 and 1 parts; 0 idle
+    ([0, 0, 300, 5000], 1, 5, 32, 32, 16, 32, jnp.float32),        # 1, 1, 2, 16 parts
 ])
-def test_merge_matches_golden(ctx, num_q, splits, r, v, kc, dtype, form, balance):
+def test_merge_matches_golden(ctx, num_q, splits, r, v, kc, br, dtype, form, balance):
     """Stream parts counts not multiples of kc: "parts" masks the parts past the stream's in its
     last step (loads past the arrays, predicated off) and must count none of them. balance False:
-    `splits` parts per stream, in stream order."""
+    `splits` parts per stream, in stream order. br: rows per program (its parts per step kc * 8 / br)."""
     rng = fresh_rng()
     s, width = len(ctx), len(ctx) * splits
     count, first = (schedule_py(totals_py(ctx, num_q), width) if balance
@@ -139,14 +140,14 @@ def test_merge_matches_golden(ctx, num_q, splits, r, v, kc, dtype, form, balance
     o = jnp.asarray(o, dtype)
     lens = jnp.asarray(ctx, jnp.int32)
     out = merge.merge_splits(o, jnp.asarray(lse), lens, jnp.float32, jnp.full((s, r, v), jnp.nan, jnp.float32),
-                             num_q=num_q, balance=balance, kc=kc, form=form)
+                             num_q=num_q, balance=balance, kc=kc, form=form, br=br)
     want = golden(o, lse, count, first)
     assert np.all(np.isfinite(np.asarray(out)))
     if count[-1] > 1:
         assert np.all(np.asarray(out)[-1, 3] == 0)
     assert_close(out, want, 1e-6, f"merge ctx {ctx}")
     out16 = merge.merge_splits(o, jnp.asarray(lse), lens, jnp.bfloat16, num_q=num_q, balance=balance, kc=kc,
-                               form=form)
+                               form=form, br=br)
     assert out16.dtype == jnp.bfloat16
     assert_close(out16, want, 8e-3, f"merge ctx {ctx} bf16 out")
 
@@ -165,6 +166,9 @@ def test_merge_refuses_bad_shapes():
         merge.merge_splits(o, jnp.zeros((2, 8), jnp.float32), lens, num_q=1, form="columns")
     with pytest.raises(ValueError, match="kc"):
         merge.merge_splits(o, jnp.zeros((2, 8), jnp.float32), lens, num_q=1, kc=12)
+    for br in (4, 12, 16):                  # below 8, not a power of two, not dividing the 8 rows
+        with pytest.raises(ValueError, match="br must be"):
+            merge.merge_splits(o, jnp.zeros((2, 8), jnp.float32), lens, num_q=1, br=br)
 
 
 def test_merge_form_for_the_run_count():

@@ -43,10 +43,10 @@ def _stream_parts(ctx_ref, num_q: int, width: int, balance: bool):
     return stream_runs(totals, width, pl.program_id(0))
 
 
-def _kernel(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, bc: int, kc: int):
+def _kernel(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, br: int, bc: int, kc: int):
     out_ref = refs[-1]                                  # refs: (out,) or (aliased out, out)
     s, rb, cb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    rows, cols = pl.ds(rb * BR, BR), pl.ds(cb * bc, bc)
+    rows, cols = pl.ds(rb * br, br), pl.ds(cb * bc, bc)
     first, parts = _stream_parts(ctx_ref, num_q, o_ref.shape[0], balance)
     steps = -(-parts // kc) if isinstance(parts, int) else jax.lax.div(parts + kc - 1, kc)
 
@@ -54,54 +54,54 @@ def _kernel(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, bc: int, 
         return first + jnp.minimum(k, parts - 1)
 
     def lse_at(k):
-        return plgpu.load(lse_ref.at[part(k), rows], mask=jnp.full((BR,), k < parts), other=-jnp.inf)
+        return plgpu.load(lse_ref.at[part(k), rows], mask=jnp.full((br,), k < parts), other=-jnp.inf)
 
     def top_step(c, m):
         for i in range(kc):
             m = jnp.maximum(m, lse_at(c * kc + i))
         return m
 
-    top = jax.lax.fori_loop(0, steps, top_step, jnp.full((BR,), -jnp.inf, jnp.float32))
+    top = jax.lax.fori_loop(0, steps, top_step, jnp.full((br,), -jnp.inf, jnp.float32))
     ref = jnp.where(top == -jnp.inf, 0.0, top)          # a row no part saw: every weight 0
 
     def add_step(c, carry):
         acc, den = carry
         for i in range(kc):
             k = c * kc + i
-            w = jnp.exp2(lse_at(k) - ref)                                               # [BR]
-            o = plgpu.load(o_ref.at[part(k), rows, cols], mask=jnp.full((BR, bc), k < parts), other=0)   # [BR, BC]
+            w = jnp.exp2(lse_at(k) - ref)                                               # [br]
+            o = plgpu.load(o_ref.at[part(k), rows, cols], mask=jnp.full((br, bc), k < parts), other=0)   # [br, bc]
             acc, den = acc + w[:, None] * o.astype(jnp.float32), den + w
         return acc, den
 
-    acc, den = jax.lax.fori_loop(0, steps, add_step, (jnp.zeros((BR, bc), jnp.float32),
-                                                      jnp.zeros((BR,), jnp.float32)))
+    acc, den = jax.lax.fori_loop(0, steps, add_step, (jnp.zeros((br, bc), jnp.float32),
+                                                      jnp.zeros((br,), jnp.float32)))
     out_ref[s, rows, cols] = (acc / jnp.where(den > 0, den, 1.0)[:, None]).astype(out_ref.dtype)
 
 
-def _kernel_parts(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, bc: int, kc: int):
-    """form="parts": one pass; each step loads kc parts as one [kc, BR] lse tile and one
-    [kc, BR, BC] O tile, rescales the running sums to the new row maxima (online, as flash
+def _kernel_parts(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, br: int, bc: int, kc: int):
+    """form="parts": one pass; each step loads kc parts as one [kc, br] lse tile and one
+    [kc, br, bc] O tile, rescales the running sums to the new row maxima (online, as flash
     attention does) and adds the tile reduced over its parts. The last step's parts past the
     stream's are masked off (their loads predicated away: no memory traffic, no read past the
     arrays)."""
     out_ref = refs[-1]
     s, rb, cb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    rows, cols = pl.ds(rb * BR, BR), pl.ds(cb * bc, bc)
+    rows, cols = pl.ds(rb * br, br), pl.ds(cb * bc, bc)
     first, parts = _stream_parts(ctx_ref, num_q, o_ref.shape[0], balance)
 
     def step(c, carry):
-        top, acc, den = carry                                                          # [BR], [BR, BC], [BR]
+        top, acc, den = carry                                                          # [br], [br, bc], [br]
         start = c * kc
-        real = start + jax.lax.broadcasted_iota(jnp.int32, (kc, BR), 0) < parts     # [kc, BR]
-        lse = plgpu.load(lse_ref.at[pl.ds(first + start, kc), rows], mask=real, other=-jnp.inf)     # [kc, BR]
+        real = start + jax.lax.broadcasted_iota(jnp.int32, (kc, br), 0) < parts     # [kc, br]
+        lse = plgpu.load(lse_ref.at[pl.ds(first + start, kc), rows], mask=real, other=-jnp.inf)     # [kc, br]
         o = plgpu.load(o_ref.at[pl.ds(first + start, kc), rows, cols],
-                       mask=jnp.broadcast_to(real[:, :, None], (kc, BR, bc)), other=0).astype(jnp.float32)
+                       mask=jnp.broadcast_to(real[:, :, None], (kc, br, bc)), other=0).astype(jnp.float32)
         new_top = jnp.maximum(top, lse.max(0))
         ref = jnp.where(new_top == -jnp.inf, 0.0, new_top)                             # no key yet: weights 0
         w, keep = jnp.exp2(lse - ref[None]), jnp.exp2(top - ref)
         return new_top, acc * keep[:, None] + (w[:, :, None] * o).sum(0), den * keep + w.sum(0)
 
-    init = (jnp.full((BR,), -jnp.inf, jnp.float32), jnp.zeros((BR, bc), jnp.float32), jnp.zeros((BR,), jnp.float32))
+    init = (jnp.full((br,), -jnp.inf, jnp.float32), jnp.zeros((br, bc), jnp.float32), jnp.zeros((br,), jnp.float32))
     steps = -(-parts // kc) if isinstance(parts, int) else jax.lax.div(parts + kc - 1, kc)
     _, acc, den = jax.lax.fori_loop(0, steps, step, init)
     out_ref[s, rows, cols] = (acc / jnp.where(den > 0, den, 1.0)[:, None]).astype(out_ref.dtype)
@@ -123,9 +123,10 @@ def form_for(parts: int) -> str:
     return "rows" if parts <= ROWS_MAX_PARTS else "parts"
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "num_q", "balance", "kc", "warps", "form"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "num_q", "balance", "kc", "warps", "form", "br"))
 def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: int, balance: bool = False,
-                 form: str | None = None, kc: int | None = None, warps: int | None = None):
+                 form: str | None = None, kc: int | None = None, warps: int | None = None,
+                 br: int = BR):
     """O [W, R, v] (any float dtype), lse2 [W, R] float32: the parts of
     `mosaic_gpu.context_attention(splits=W / S, balance)` for contexts ctx_lens [S] int32 and num_q
     tree tokens -> O [S, R, v] out_dtype, stream s's parts (W / S from s * W / S, or with balance
@@ -134,7 +135,8 @@ def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: in
     out: a buffer of the result's shape and dtype to write into (e.g. NaN-poisoned, in tests);
     form: FORMS (None: `form_for(W / S)`, the runs per stream on average); kc: parts per loop
     step (a power of two; "parts" takes at most the largest power of two <= W / S) and warps per
-    program (None: STEP[form])."""
+    program (None: STEP[form]); br: rows per program (a power of two >= 8 dividing R; a step
+    loads kc * 8 / br parts then, so a thread holds about as many values)."""
     width, rows, v = o.shape
     num_s = ctx_lens.shape[0] if ctx_lens.ndim == 1 else -1
     if num_s < 1 or width % num_s:
@@ -149,7 +151,10 @@ def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: in
         raise ValueError(f"lse: expected float32 {(width, rows)}, got {lse.dtype} {lse.shape}")
     if rows % BR or v % 32:
         raise ValueError(f"o: rows ({rows}) must be a multiple of {BR} and v ({v}) of 32")
-    bc = 64 if v % 64 == 0 and num_s * (rows // BR) * (v // 64) >= MIN_PROGRAMS else 32
+    if br < BR or br & (br - 1) or rows % br:
+        raise ValueError(f"br must be a power of two >= {BR} dividing the rows ({rows}), got {br}")
+    kc = max(1, kc * BR // br)
+    bc = 64 if v % 64 == 0 and num_s * (rows // br) * (v // 64) >= MIN_PROGRAMS else 32
     shape = jax.ShapeDtypeStruct((num_s, rows, v), out_dtype)
     if out is not None and (out.shape, out.dtype) != (shape.shape, shape.dtype):
         raise ValueError(f"out: expected {shape.dtype} {shape.shape}, got {out.dtype} {out.shape}")
@@ -159,8 +164,8 @@ def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: in
     else:
         kernel = functools.partial(_kernel, kc=kc)
     return pl.pallas_call(
-        functools.partial(kernel, num_q=num_q, balance=balance, bc=bc),
-        out_shape=shape, grid=(num_s, rows // BR, v // bc),
+        functools.partial(kernel, num_q=num_q, balance=balance, br=br, bc=bc),
+        out_shape=shape, grid=(num_s, rows // br, v // bc),
         input_output_aliases={} if out is None else {3: 0},
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=2),
         interpret=interpret_mode(),
