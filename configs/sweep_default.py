@@ -36,7 +36,7 @@ def get_config():
     c.ar_steps_per_call = 0      # the ar baseline's steps per dispatch (0: steps_per_call)
     c.decode_loop = "auto"       # "host" / "device" / "auto" (engine.decode_loop_for)
     c.drafter_attn_impl = "auto"  # the drafter's attention: "auto" (by backend), "xla", "pallas_triton"
-    c.attn_balance = False       # the target attention's hint for ragged contexts (served requests)
+    c.attn_balance = True        # the target attention's hint for ragged contexts (False: equal-context schedule)
     c.requests = 0               # > 0: serve this many requests through `streams` slots (refilled)
     c.xla_flags = ""             # appended to XLA_FLAGS for this run (for example GPU graph settings)
     c.auto_steps = 4             # ddtree-auto: steps whose trees give the expected acceptance

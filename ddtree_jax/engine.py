@@ -80,7 +80,7 @@ class Plan:
     moe_impl: str = "auto"
     topk_impl: str = "auto"
     drafter_attn_impl: str = "auto"
-    attn_balance: bool = False   # the target attention's hint for ragged stream lengths (model.forward)
+    attn_balance: bool = True    # the target attention's hint for ragged stream lengths (model.forward)
 
     @property
     def nodes(self) -> int:
@@ -357,7 +357,7 @@ class Setup:
 
 def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
           temperature=0.0, top_k=0, top_p=1.0, stop_tokens=(), max_len=None, attn_impl="auto",
-          moe_impl="auto", topk_impl="auto", drafter_attn_impl="auto", attn_balance=False) -> Setup:
+          moe_impl="auto", topk_impl="auto", drafter_attn_impl="auto", attn_balance=True) -> Setup:
     """Validate a generate call (see `generate`) and lay out its inputs."""
     tcfg = target[0]
     if method not in METHODS:
@@ -438,7 +438,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: int | Sequence[int] = (),
              max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-             topk_impl: str = "auto", drafter_attn_impl: str = "auto", attn_balance: bool = False,
+             topk_impl: str = "auto", drafter_attn_impl: str = "auto", attn_balance: bool = True,
              stage_reps: int = 3, warmup: bool = True,
              steps_per_call: int = 1, timing_reps: int = 1,
              decode_loop: str = "auto") -> GenerateResult:

@@ -225,7 +225,7 @@ class MLA(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, kv, lengths, visibility, num_new, mode: str, attn_impl: str,
-                 attn_balance: bool = False):
+                 attn_balance: bool = True):
         cfg, pd = self.cfg, self.param_dtype
         s, t, d = x.shape
         h, nope, rdim, vdim, lora = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
@@ -296,7 +296,7 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, kv, lengths, visibility, num_new, mode, attn_impl, moe_impl,
-                 attn_balance: bool = False):
+                 attn_balance: bool = True):
         cfg, pd = self.cfg, self.param_dtype
         a, kv = MLA(cfg, pd, name="self_attn")(
             RMSNorm(cfg.rms_norm_eps, pd, name="input_layernorm")(x),
@@ -317,7 +317,7 @@ class Decoder(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, kv, lengths, visibility, num_new, taps: Sequence[int],
                  mode: str = "absorbed", attn_impl: str = "auto", moe_impl: str = "auto",
-                 attn_balance: bool = False):
+                 attn_balance: bool = True):
         cfg, pd = self.cfg, self.param_dtype
         x = Embed(cfg.vocab_size, cfg.hidden_size, pd, name="embed_tokens")(tokens)
         new_kv, tapped = [], {}
@@ -367,7 +367,7 @@ def _is_concrete(*xs) -> bool:
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, visibility=None,
             num_new=None, taps: Sequence[int] = (), attn_mode: str = "absorbed",
-            attn_impl: str = "auto", moe_impl: str = "auto", attn_balance: bool = False) -> ForwardOut:
+            attn_impl: str = "auto", moe_impl: str = "auto", attn_balance: bool = True) -> ForwardOut:
     """Run T new tokens per stream against `cache`.
 
     tokens, positions [S, T] integer; visibility [S, T, T] bool (None: causal among the new tokens);

@@ -79,7 +79,7 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
           budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: int | Sequence[int] = (),
           max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-          topk_impl: str = "auto", drafter_attn_impl: str = "auto", attn_balance: bool = False,
+          topk_impl: str = "auto", drafter_attn_impl: str = "auto", attn_balance: bool = True,
           steps_per_call: int = 1, max_lag: int | None = None, warmup: bool = True) -> GenerateResult:
     """Serve every prompt (one request each, in order) with `streams` slots decoding at once.
 

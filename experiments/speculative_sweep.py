@@ -80,7 +80,7 @@ def grid(cfg, pair_id: str) -> list[dict]:
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
                         requests=cfg.requests, decode_loop=loop,
                         drafter_attn_impl=cfg.get("drafter_attn_impl", "auto"),
-                        attn_balance=bool(cfg.get("attn_balance", False)))
+                        attn_balance=bool(cfg.get("attn_balance", True)))
             methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
             if "ddtree" in cfg.methods:
                 methods += [("ddtree", int(b)) for b in cfg.budgets]
@@ -114,7 +114,7 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
     kw = dict(method=p["method"].replace("-auto", ""), budget=budget,
               max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
               top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"],
-              drafter_attn_impl=p["drafter_attn_impl"], attn_balance=p.get("attn_balance", False))
+              drafter_attn_impl=p["drafter_attn_impl"], attn_balance=p.get("attn_balance", True))
     if p["requests"]:
         r = serving.serve(target, drafter, _served(prompts, p["requests"]), streams=p["streams"], **kw)
         stage = {}   # the breakdown comes from a static batch

@@ -192,9 +192,9 @@ def test_drafter_kernel_keeps_generation_lossless(pair32, prompts, greedy_ar):
 
 
 def test_attn_balance_reaches_the_attention_and_keeps_tokens(pair32, prompts, greedy_ar, monkeypatch):
-    """serve(attn_balance=True) (ragged slots, the case it is for): every target attention call,
-    prefill and verify, gets the hint (pallas_kernels.mla_attention's balance), and the tokens are
-    greedy ar's."""
+    """serve's attn_balance (default True: ragged slots, the case it is for): every target
+    attention call, prefill and verify, gets the hint (pallas_kernels.mla_attention's balance),
+    and the tokens are greedy ar's; False reaches the plan too."""
     target, drafter = pair32
     max_new, stop, ar = greedy_ar
     xla = registry._REGISTRY["mla_attention"]["xla"]
@@ -202,10 +202,11 @@ def test_attn_balance_reaches_the_attention_and_keeps_tokens(pair32, prompts, gr
     monkeypatch.setitem(registry._REGISTRY["mla_attention"], "xla",
                         lambda *a, **k: hints.append(k.get("balance")) or xla(*a, **k))
     out = dj.serve(target, drafter, prompts[:6], streams=3, method="ddtree", budget=6,
-                   max_new_tokens=max_new[:6], stop_tokens=(stop,), attn_impl="xla", attn_balance=True)
+                   max_new_tokens=max_new[:6], stop_tokens=(stop,), attn_impl="xla")
     assert out.tokens == ar.tokens[:6]
     assert hints and set(hints) == {True}, hints
-    assert engine.setup(target, drafter, [[1]], attn_balance=True).plan.attn_balance is True
+    assert engine.setup(target, drafter, [[1]]).plan.attn_balance is True
+    assert engine.setup(target, drafter, [[1]], attn_balance=False).plan.attn_balance is False
 
 
 def test_decode_loop_choice(pair32):

@@ -175,6 +175,9 @@ def test_merge_form_for_the_run_count():
     """form=None takes form_for(W / S): "rows" up to 16 runs, "parts" above; either form gives the
     other's numbers (float32 sums in another order) and the golden's."""
     assert [merge.form_for(k) for k in (1, 8, 16, 17, 65, 132)] == ["rows"] * 3 + ["parts"] * 3
+    assert [merge.rows_per_program(s, r, "rows") for s, r in ((16, 64), (1, 1024), (4, 1024), (8, 1024), (64, 1024),
+                                                             (8, 72))] == [8, 8, 32, 64, 64, 8]
+    assert merge.rows_per_program(8, 1024, "parts") == 8
     rng = fresh_rng()
     for k in (16, 17):
         o = jnp.asarray(rng.standard_normal((k, 8, 64)), jnp.bfloat16)

@@ -110,6 +110,21 @@ def _kernel_parts(o_ref, lse_ref, ctx_ref, *refs, num_q: int, balance: bool, br:
 FORMS = ("rows", "parts")   # _kernel (one part per load, two passes) or _kernel_parts
 STEP = {"rows": (16, 1), "parts": (32, 4)}   # form -> (kc parts per loop step, warps per program)
 ROWS_MAX_PARTS = 16
+ROW_BLOCKS = 128    # "rows" programs per column block (S x R / br) that rows_per_program aims at
+ROWS_WARPS = {8: 1, 16: 2, 32: 2, 64: 4}   # "rows" form: warps per program by its rows
+
+
+def rows_per_program(num_s: int, rows: int, form: str) -> int:
+    """br for merge_splits: "rows" doubles it from 8 up to 64 while the S x R rows make more than
+    ROW_BLOCKS blocks of it, so wide calls run ~1,000 programs of more rows, not 8,000 one-warp
+    programs of 8 ("parts": 8, the only size timed). On the H200 (bf16 parts, R 1024, v 512, device
+    us; session 33, BENCHMARKS.md issue 5): S 8 K 2 21.4 at br 8 -> 7.0 at 64 (4 warps); S 4 K 3
+    11.2 -> 4.35 at 32 (2 warps); S 1 K 8 2.76 at 8 (3.4-3.8 larger); decode S 16 K 8 R 64 2.75
+    at 8 (2.8-3.8 larger)."""
+    br = BR
+    while form == "rows" and br < 64 and num_s * rows > ROW_BLOCKS * br and rows % (2 * br) == 0:
+        br *= 2
+    return br
 
 
 def form_for(parts: int) -> str:
@@ -126,7 +141,7 @@ def form_for(parts: int) -> str:
 @functools.partial(jax.jit, static_argnames=("out_dtype", "num_q", "balance", "kc", "warps", "form", "br"))
 def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: int, balance: bool = False,
                  form: str | None = None, kc: int | None = None, warps: int | None = None,
-                 br: int = BR):
+                 br: int | None = None):
     """O [W, R, v] (any float dtype), lse2 [W, R] float32: the parts of
     `mosaic_gpu.context_attention(splits=W / S, balance)` for contexts ctx_lens [S] int32 and num_q
     tree tokens -> O [S, R, v] out_dtype, stream s's parts (W / S from s * W / S, or with balance
@@ -135,8 +150,9 @@ def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: in
     out: a buffer of the result's shape and dtype to write into (e.g. NaN-poisoned, in tests);
     form: FORMS (None: `form_for(W / S)`, the runs per stream on average); kc: parts per loop
     step (a power of two; "parts" takes at most the largest power of two <= W / S) and warps per
-    program (None: STEP[form]); br: rows per program (a power of two >= 8 dividing R; a step
-    loads kc * 8 / br parts then, so a thread holds about as many values)."""
+    program (None: STEP[form], or for "rows" ROWS_WARPS[br]); br: rows per program (a power of
+    two >= 8 dividing R; a step loads kc * 8 / br parts then, so a thread holds about as many
+    values; None: `rows_per_program`)."""
     width, rows, v = o.shape
     num_s = ctx_lens.shape[0] if ctx_lens.ndim == 1 else -1
     if num_s < 1 or width % num_s:
@@ -144,7 +160,10 @@ def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: in
     form = form_for(width // num_s) if form is None else form
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-    kc, warps = (STEP[form][0] if kc is None else kc), (STEP[form][1] if warps is None else warps)
+    br = rows_per_program(num_s, rows, form) if br is None else br
+    if warps is None:
+        warps = ROWS_WARPS.get(br, STEP[form][1]) if form == "rows" else STEP[form][1]
+    kc = STEP[form][0] if kc is None else kc
     if kc < 1 or kc & (kc - 1):
         raise ValueError(f"kc must be a power of two, got {kc}")
     if lse.shape != (width, rows) or lse.dtype != jnp.float32:

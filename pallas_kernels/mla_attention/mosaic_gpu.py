@@ -23,10 +23,12 @@ With too few row blocks to fill the GPU (one stream with a small tree, plain dec
 streams' pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
 decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`. With
 balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
-ragged contexts cost about what equal ones of the same total do (not the default: at equal
-contexts the whole call is 1-3 us slower; BENCHMARKS.md, issue 5, sessions 31-32); unsplit
-calls with balance launch the longest streams' CTAs first (`runs.stream_order`), or where their
-CTAs fit one wave split each stream in two (`launch`); neither is timed yet.
+ragged contexts cost about what equal ones of the same total do; unsplit calls with balance
+launch the longest streams' CTAs first (`runs.stream_order`), or where their CTAs fit one wave
+split each stream in two (`launch`), launched longest run first (`runs.part_order`). The op's
+default stays off (at equal contexts it costs 0-7%: 8k decode S 16 55 -> 59 us, 16k Q 16 S 8 453
+-> 481), the model's (`forward(attn_balance=True)`) on: 16k Q 16 with contexts 2k-30k S 16 1472
+-> 906 us, S 8 832 -> 505 (BENCHMARKS.md, issue 5, sessions 31-33).
 
 Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 timed all 24 goal
 shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
@@ -112,7 +114,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     -inf). On the H200 (BENCHMARKS.md, issue 5, session 32) balance cuts the kernel's time at 16k
     decode S 16 with spread contexts from 132.1 to 89.2 us and costs 0.6-1.6 us at equal ones
     (it reads every stream's context before its first load; the merge then costs 0.7-0.9 us
-    more too), so it is off by default. With splits 1 and S > 1, balance launches the CTAs
+    more too), so it is off by default here. With splits 1 and S > 1, balance launches the CTAs
     longest stream first (`runs.stream_order`, one XLA sort before the kernel; grid position
     s_grid runs stream order[s_grid], all its row blocks together) instead of every stream's
     row block 0 first, so that with ragged contexts the long streams' CTAs are not the last
@@ -593,12 +595,12 @@ def launch(q_pad, kv_k, *, splits: int | None = None, balance: bool = False) -> 
     """(CTAs per cluster, runs per stream on average) for prepare's q rows and cache; splits None:
     split_count, except that with balance and S > 1 a call split_count leaves unsplit within one
     wave (S * R / 64 <= FILL_CTAS CTAs) takes 2 runs per stream when the cache holds more than one
-    pair: unsplit, every CTA
-    would start at once and the longest stream's would set the time (its order cannot help: 16k Q
-    16 S 8 with contexts 1k-31k took 1.83x the time of equal ones, BENCHMARKS.md issue 5, session
-    31), while 2 * S runs shared out by the streams' pairs make two waves of about equal CTAs, for
-    one more fixed cost per CTA and the merge. Past one wave balance keeps 1 run per stream and
-    launches the streams longest first (context_attention)."""
+    pair: unsplit, every CTA would start at once and the longest stream's would set the time (its
+    order cannot help), while 2 * S runs shared out by the streams' pairs, launched longest run
+    first, fill two waves, for one more fixed cost per CTA and the merge. Past one wave balance
+    keeps 1 run per stream and launches the streams longest first (context_attention). On the H200
+    (16k Q 16, device us, off -> on; BENCHMARKS.md issue 5, session 33): S 8 spread contexts (2k-30k)
+    832 -> 505, equal 453 -> 481; S 16 spread 1472 -> 906, equal 906 -> 905."""
     num_s, rows = q_pad.shape[:2]
     cluster = cluster_size(rows)
     if splits is None:
@@ -636,10 +638,11 @@ def mla_attention_mosaic(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
     stream's context is split into (None: `split_count`'s rule). merge: how the runs are merged
     (MERGES: one Pallas:Triton kernel or XLA's combine_splits). balance: share the split runs
     out by the streams' pairs, or launch an unsplit call's streams longest first
-    (context_attention's balance: for ragged contexts)."""
+    (context_attention's balance and `launch`: for ragged contexts; nothing with one stream)."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     num_s, a, b, _ = q.shape
+    balance = balance and num_s > 1     # one stream: the schedule would be the equal one, at its cost
     operands = prepare(q, kv, ctx_lens, node_mask, heads_first=heads_first, q_rope=q_rope)
     cluster, splits = launch(*operands[:2], splits=splits, balance=balance)
     kw = dict(num_q=b if heads_first else a, scale=scale, v_dim=v_dim, cluster=cluster)
