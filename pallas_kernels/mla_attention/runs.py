@@ -13,7 +13,8 @@ a Python list of the S streams' totals, so the kernel, the merge kernel and thei
 compute the same schedule (and need no XLA kernel to pass it between them). Unsplit calls (one
 CTA per row block and stream) cannot share a stream's work out; with balance they launch the
 streams longest first instead (`stream_order`), so that the long streams' CTAs are not left for
-the last wave.
+the last wave; split calls past one wave likewise launch their runs longest first (`part_order`,
+from the schedule in array ops, `part_runs`).
 """
 
 from __future__ import annotations
