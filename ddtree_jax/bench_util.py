@@ -34,6 +34,19 @@ def median_seconds(fn: Callable, *args, reps: int, inner: int = 1) -> float:
     return float(np.median(times))
 
 
+LENGTHS = ("uniform", "spread")   # stream_contexts' kinds
+
+
+def stream_contexts(ctx: int, num_s: int, lengths: str = "uniform") -> list[int]:
+    """Each stream's context: ctx for all ("uniform"), or ctx * (2i + 1) / S rounded for stream i
+    ("spread": evenly from ctx / S to about 2 ctx, summing to S * ctx up to rounding)."""
+    if lengths not in LENGTHS:
+        raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
+    if lengths == "uniform":
+        return [ctx] * num_s
+    return [round(ctx * (2 * i + 1) / num_s) for i in range(num_s)]
+
+
 def markdown_table(rows: Sequence[dict], cols: Sequence[str], headers: Sequence[str] | None = None) -> str:
     """Rows (dicts) as a markdown table of columns `cols` (floats to 3 significant digits)."""
     fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else "" if v is None else str(v)

@@ -7,9 +7,12 @@ on 8 RTX PRO 6000, and (--measure) the k2_slice verify-step time per layer on th
     export PYTHONPATH=$PWD; python3 experiments/k2_projection.py --measure --out=$OUT/k2.json  # on the H200
     python experiments/k2_projection.py --measure --preset=tiny --measure_budgets=2,4 \
         --measure_streams=1 --measure_ctx=16                               # CPU smoke run
+    python3 experiments/k2_projection.py --measure --measure_streams=8,16 --measure_budgets=16 \
+        --measure_ctx=16384 --measure_lengths=uniform,spread --measure_balance=on,off   # attn_balance A/B
 
---measure times, per (streams, budget), one jitted target forward over streams x (budget + 1) tree
-tokens against a `--measure_ctx` context (random INT4 experts), and separately the MLA attention
+--measure times, per (streams, budget, lengths, attn_balance), one jitted target forward over
+streams x (budget + 1) tree tokens against `--measure_ctx` contexts (all equal, or spread around it
+with the same total; random INT4 experts), and separately the MLA attention
 core, the routed-experts kernel and lm_head at the same shapes; "rest" per layer = (forward -
 layers x attention - MoE layers x MoE - head) / layers. The attention and MoE kernels are checked
 against the xla path before they are timed; on a GPU, each one's % of its roofline floor uses the
@@ -19,6 +22,7 @@ copy and matmul ceilings measured in the same run (bench_util.measure_ceilings).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 from absl import app, flags
@@ -30,7 +34,7 @@ import ddtree_jax as dj
 from ddtree_jax import roofline as rf
 from ddtree_jax import sweep_io
 from ddtree_jax import bench_util
-from ddtree_jax.bench_util import markdown_table, median_seconds
+from ddtree_jax.bench_util import markdown_table, median_seconds, stream_contexts
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import visibility_to_mask
@@ -95,10 +99,13 @@ def _checked(what: str, fn, ref_fn, *args) -> None:
 
 
 def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16, reps: int = 5,
-            ceilings: dict | None = None) -> list[dict]:
-    """Per (streams, budget): seconds of the forward, and per layer of attention / MoE / rest; the
-    attention and MoE kernels are checked against the xla path first. ceilings
-    (bench_util.measure_ceilings, this run): also each kernel's share of its roofline floor."""
+            ceilings: dict | None = None, lengths=("uniform",), balances=(True,)) -> list[dict]:
+    """Per (streams, budget, lengths, attn_balance): seconds of the forward, and per layer of
+    attention / MoE / rest; the attention and MoE kernels are checked against the xla path first.
+    lengths: the streams' contexts (bench_util.stream_contexts: all ctx, or "spread" from ctx / S
+    to ~2 ctx, the same total); balances: the forward's attn_balance values to time (the
+    attention's balance hint). ceilings (bench_util.measure_ceilings, this run): also each
+    kernel's share of its roofline floor (from ctx: the spread's total is the same)."""
     params = dj.init_target(cfg, jax.random.key(0), dtype=dtype)
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     experts = params[f"layers_{moe_layers[0]}"]["mlp"]["experts"]
@@ -110,45 +117,48 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
         gpu = dataclasses.replace(rf.GPUS["H200"], copy_tbs=ceilings["copy_tbps"],
                                   bf16_tflops=max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]))
     rng = np.random.default_rng(0)
-    rows = []
-    for s in streams:
-        for b in budgets:
-            q, t = b + 1, s * (b + 1)
-            cache = dj.init_cache(cfg, s, aligned_slots(ctx + q), dtype)    # as engine.setup allocates
-            cache = cache.replace(kv=tuple(jnp.asarray(rng.normal(0, 1, k.shape), dtype) for k in cache.kv),
-                                  lengths=jnp.full((s,), ctx, jnp.int32))
-            tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (s, q)), jnp.int32)
-            pos = ctx + jnp.broadcast_to(jnp.arange(q, dtype=jnp.int32), (s, q))
-            # the tree: a chain (the kernels' cost does not depend on which nodes a node sees)
-            vis = jnp.broadcast_to(jnp.tril(jnp.ones((q, q), bool)), (s, q, q))
-            fwd = jax.jit(lambda p, c: dj.forward(p, cfg, tokens, pos, c, visibility=vis).logits)
-            if not bool(jnp.isfinite(fwd(params, cache)).all()):
-                raise AssertionError(f"forward at streams {s}, budget {b}: non-finite logits")
-            t_full = median_seconds(fwd, params, cache, reps=reps)
-            qa = jnp.asarray(rng.normal(0, 1, (s, q, h, dk)), dtype)
-            mask = visibility_to_mask(vis)
-            kw = dict(scale=cfg.softmax_scale, v_dim=cfg.kv_lora_rank)
-            att = jax.jit(lambda qq, kv: attend(qq, kv, cache.lengths, mask, **kw))
-            _checked(f"attention at streams {s}, budget {b}", att,
-                     lambda qq, kv: attend_xla(qq, kv, cache.lengths, mask, **kw), qa, cache.kv[0])
-            t_attn = median_seconds(att, qa, cache.kv[0], reps=reps)
+    rows, per_tokens = [], {}
+    for s, b, kind, bal in itertools.product(streams, budgets, lengths, balances):
+        q, t = b + 1, s * (b + 1)
+        contexts = jnp.asarray(stream_contexts(ctx, s, kind), jnp.int32)
+        cache = dj.init_cache(cfg, s, aligned_slots(int(contexts.max()) + q), dtype)   # as engine.setup allocates
+        cache = cache.replace(kv=tuple(jnp.asarray(rng.normal(0, 1, k.shape), dtype) for k in cache.kv),
+                              lengths=contexts)
+        tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (s, q)), jnp.int32)
+        pos = contexts[:, None] + jnp.arange(q, dtype=jnp.int32)
+        # the tree: a chain (the kernels' cost does not depend on which nodes a node sees)
+        vis = jnp.broadcast_to(jnp.tril(jnp.ones((q, q), bool)), (s, q, q))
+        fwd = jax.jit(lambda p, c: dj.forward(p, cfg, tokens, pos, c, visibility=vis, attn_balance=bal).logits)
+        what = f"streams {s}, budget {b}, {kind} contexts, attn_balance {bal}"
+        if not bool(jnp.isfinite(fwd(params, cache)).all()):
+            raise AssertionError(f"forward at {what}: non-finite logits")
+        t_full = median_seconds(fwd, params, cache, reps=reps)
+        qa = jnp.asarray(rng.normal(0, 1, (s, q, h, dk)), dtype)
+        mask = visibility_to_mask(vis)
+        kw = dict(scale=cfg.softmax_scale, v_dim=cfg.kv_lora_rank)
+        att = jax.jit(lambda qq, kv: attend(qq, kv, cache.lengths, mask, balance=bal, **kw))
+        _checked(f"attention at {what}", att,
+                 lambda qq, kv: attend_xla(qq, kv, cache.lengths, mask, **kw), qa, cache.kv[0])
+        t_attn = median_seconds(att, qa, cache.kv[0], reps=reps)
+        if t not in per_tokens:     # MoE and head: by token count only (not the contexts or the hint)
             x = jnp.asarray(rng.normal(0, 1, (t, cfg.hidden_size)), dtype)
             ids = np.argsort(rng.random((t, cfg.n_routed_experts)), 1)[:, :cfg.num_experts_per_tok]
             ids = jnp.asarray(ids, jnp.int32)
             w = jnp.full(ids.shape, 1.0 / cfg.num_experts_per_tok, jnp.float32)
             _checked(f"MoE at {t} tokens", jax.jit(moe), jax.jit(moe_xla), x, ids, w, experts)
-            t_moe = median_seconds(jax.jit(moe), x, ids, w, experts, reps=reps)
             logits = jax.jit(lambda xx, hh: jnp.dot(xx, hh, preferred_element_type=jnp.float32))
-            t_head = median_seconds(logits, x, head, reps=reps)
-            n = cfg.num_hidden_layers
-            rest = (t_full - n * t_attn - len(moe_layers) * t_moe - t_head) / n
-            row = dict(streams=s, budget=b, tokens=t, ctx=ctx, forward_ms=t_full * 1e3,
-                       attention_ms=t_attn * 1e3, moe_ms=t_moe * 1e3, rest_ms=rest * 1e3,
-                       head_ms=t_head * 1e3)
-            if ceilings:
-                row.update(moe_pct_floor=100 * rf.moe_seconds(gpu, rf.UNIT, cfg, t, 1) / t_moe,
-                           attn_pct_floor=100 * rf.attention_seconds(gpu, rf.UNIT, cfg, s, q, ctx, 1) / t_attn)
-            rows.append(row)
+            per_tokens[t] = (median_seconds(jax.jit(moe), x, ids, w, experts, reps=reps),
+                             median_seconds(logits, x, head, reps=reps))
+        t_moe, t_head = per_tokens[t]
+        n = cfg.num_hidden_layers
+        rest = (t_full - n * t_attn - len(moe_layers) * t_moe - t_head) / n
+        row = dict(streams=s, budget=b, tokens=t, ctx=ctx, lengths=kind, attn_balance=bal,
+                   forward_ms=t_full * 1e3, attention_ms=t_attn * 1e3, moe_ms=t_moe * 1e3, rest_ms=rest * 1e3,
+                   head_ms=t_head * 1e3)
+        if ceilings:
+            row.update(moe_pct_floor=100 * rf.moe_seconds(gpu, rf.UNIT, cfg, t, 1) / t_moe,
+                       attn_pct_floor=100 * rf.attention_seconds(gpu, rf.UNIT, cfg, s, q, ctx, 1) / t_attn)
+        rows.append(row)
     return rows
 
 
@@ -188,9 +198,13 @@ def main(argv):
         cfg = dj.ModelConfig.preset(FLAGS.preset)
         on_gpu = jax.default_backend() == "gpu"
         ceilings = bench_util.measure_ceilings() if on_gpu else None
+        balances = {"on": True, "off": False}
+        if bad := set(FLAGS.measure_balance) - set(balances):
+            raise app.UsageError(f"--measure_balance takes 'on' and/or 'off', got {sorted(bad)}")
         rows = measure(cfg, [int(b) for b in FLAGS.measure_budgets],
                        [int(s) for s in FLAGS.measure_streams], FLAGS.measure_ctx,
-                       jnp.bfloat16 if on_gpu else jnp.float32, FLAGS.reps, ceilings)
+                       jnp.bfloat16 if on_gpu else jnp.float32, FLAGS.reps, ceilings,
+                       lengths=FLAGS.measure_lengths, balances=[balances[v] for v in FLAGS.measure_balance])
         result["measured"], result["ceilings"] = rows, ceilings
         if ceilings:
             print(f"\nceilings measured in this run: {json.dumps(ceilings)}")
@@ -217,6 +231,10 @@ def _define_flags() -> None:
     flags.DEFINE_list("measure_budgets", ["4", "16", "64", "256"], "budgets for --measure")
     flags.DEFINE_list("measure_streams", ["1", "8"], "streams for --measure")
     flags.DEFINE_integer("measure_ctx", 4096, "context per stream for --measure")
+    flags.DEFINE_list("measure_lengths", ["uniform"], "--measure's stream contexts: 'uniform' (all measure_ctx) "
+                      "and/or 'spread' (measure_ctx / S to ~2 measure_ctx, the same total)")
+    flags.DEFINE_list("measure_balance", ["on"], "--measure's attn_balance values ('on', 'off'): the "
+                      "attention's hint for ragged contexts, as forward takes it")
     flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
     flags.DEFINE_string("out", "", "write everything as JSON here")
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import bench_util
+from ddtree_jax.bench_util import stream_contexts
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import merge as mla_merge
@@ -133,19 +134,6 @@ def bushy_masks(rng, num_s: int, num_q: int) -> np.ndarray:
             vis[s, i] = vis[s, rng.integers(0, i)] if i else False
             vis[s, i, i] = True
     return vis
-
-
-LENGTHS = ("uniform", "spread")
-
-
-def stream_contexts(ctx: int, num_s: int, lengths: str = "uniform") -> list[int]:
-    """Each stream's context: ctx for all ("uniform"), or ctx * (2i + 1) / S rounded for stream i
-    ("spread": evenly from ctx / S to about 2 ctx, summing to S * ctx up to rounding)."""
-    if lengths not in LENGTHS:
-        raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
-    if lengths == "uniform":
-        return [ctx] * num_s
-    return [round(ctx * (2 * i + 1) / num_s) for i in range(num_s)]
 
 
 def make_inputs(key, num_s, num_q, heads, dk, ctx, num_slots, sets):

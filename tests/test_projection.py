@@ -78,6 +78,10 @@ def test_measure_runs_on_the_tiny_preset():
     (row,) = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
                                    reps=1, ceilings=ceilings)
     assert row["moe_pct_floor"] > 0 and row["attn_pct_floor"] > 0
+    rows = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [3], ctx=8, dtype=jnp.float32, reps=1,
+                                 lengths=("spread",), balances=(True, False))
+    assert [(r["lengths"], r["attn_balance"]) for r in rows] == [("spread", True), ("spread", False)]
+    assert rows[0]["moe_ms"] == rows[1]["moe_ms"]       # timed once per token count
 
 
 def test_measure_checks_the_kernels_before_timing():
