@@ -130,7 +130,8 @@ def part_runs(ctx_lens, num_q: int, width: int, balance: bool = True):
         if not 1 <= num_s <= width:
             raise ValueError(f"part_runs: needs 1 <= S <= width; got S={num_s}, width={width}")
         weights, u = _weights(list(totals))
-        edges = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(jnp.stack(weights))])   # [S + 1]
+        below = jnp.arange(num_s + 1)[:, None] > jnp.arange(num_s)[None, :]                # [S + 1, S]
+        edges = jnp.where(below, jnp.stack(weights)[None, :], 0).sum(1, dtype=jnp.int32)     # [S + 1]: pairs before
         b = lax.div(2 * (width - num_s) * edges + u, 2 * u)
         count, first = 1 + b[1:] - b[:-1], jnp.arange(num_s, dtype=jnp.int32) + b[:-1]
         stream = (first[None, :] <= f[:, None]).sum(1).astype(jnp.int32) - 1          # [W]
@@ -146,5 +147,11 @@ def part_order(ctx_lens, num_q: int, width: int):
     """The CTAs of a row block by the pairs of their runs (`part_runs` with balance), most first
     (ties in CTA order): int32 [W] for contexts ctx_lens [S] (an array; XLA code). Split calls
     with balance whose CTAs exceed one wave launch them in this order, all row blocks of the
-    longest run first, so the long runs are not left for the last wave."""
-    return jnp.argsort(-part_runs(ctx_lens, num_q, width)[2], stable=True).astype(jnp.int32)
+    longest run first, so the long runs are not left for the last wave. A rank by [W, W]
+    comparisons and its inverse by [W, W] selects, not a sort: XLA fuses them with the schedule's
+    element-wise ops (an argsort was six small kernels, 6-7 us on the H200, session 33)."""
+    pairs = part_runs(ctx_lens, num_q, width)[2]                                       # [W]
+    f = jnp.arange(width, dtype=jnp.int32)
+    ahead = (pairs[None, :] > pairs[:, None]) | ((pairs[None, :] == pairs[:, None]) & (f[None, :] < f[:, None]))
+    rank = ahead.sum(1, dtype=jnp.int32)                                                # [W]: CTAs launched before f
+    return jnp.where(rank[None, :] == f[:, None], f[None, :], 0).sum(1, dtype=jnp.int32)
