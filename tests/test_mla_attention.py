@@ -484,17 +484,34 @@ def test_mosaic_auto_choice(monkeypatch, hopper, shape, slots, dtype, want):
 
 
 def test_mosaic_split_count():
-    """Runs per stream: none while the row blocks fill the 132 SMs; else as many as one wave of
-    132 CTAs holds, each of at least one pair (128 keys) of the cache."""
-    assert mosaic_gpu.split_count(132, 1 << 20) == 1 and mosaic_gpu.split_count(4096, 1 << 20) == 1
-    assert mosaic_gpu.split_count(16, 32776) == 8          # 128 CTAs; 9 would start a second wave
-    assert mosaic_gpu.split_count(64, 32776) == 2
-    assert mosaic_gpu.split_count(100, 32776) == 1         # 2 runs would not fit one wave
-    assert mosaic_gpu.split_count(8, 32776) == 16
-    assert mosaic_gpu.split_count(1, 8200) == 65           # 8192 + 1 keys: 64 whole pairs + 1 tail pair
-    assert mosaic_gpu.split_count(1, 32776) == 132         # one wave
-    assert mosaic_gpu.split_count(4, 300) == 3             # two whole pairs and a tail pair
-    assert mosaic_gpu.split_count(4, 100) == 1
+    """Runs per stream (S streams, row blocks, cache slots): none while the row blocks fill the
+    132 SMs, else as many as one wave of 132 CTAs holds, each of at least one pair (128 keys) of
+    the cache; more where the wave model's estimate is 10% lower (CTAs just past a wave, or a
+    wave well short of full), S x runs <= 64 then."""
+    assert mosaic_gpu.split_count(1, 132, 1 << 20) == 1 and mosaic_gpu.split_count(16, 256, 1 << 20) == 1
+    assert mosaic_gpu.split_count(16, 1, 32776) == 8        # 128 CTAs; 9 would start a second wave
+    assert mosaic_gpu.split_count(1, 64, 32776) == 2
+    assert mosaic_gpu.split_count(1, 100, 32776) == 5       # 2 runs: two waves for 1.5 waves of work; 5: 3.8 in 4
+    assert mosaic_gpu.split_count(8, 1, 32776) == 16
+    assert mosaic_gpu.split_count(1, 1, 8200) == 65         # 8192 + 1 keys: 64 whole pairs + 1 tail pair
+    assert mosaic_gpu.split_count(1, 1, 32776) == 132       # one wave
+    assert mosaic_gpu.split_count(4, 1, 300) == 3           # two whole pairs and a tail pair
+    assert mosaic_gpu.split_count(4, 1, 100) == 1
+    # the goal shapes keep the one-wave rule: Q 16 / 64 / 256 at S 1 / 8 / 16, ctx 8k and 32k
+    for ctx in (8192, 32768):
+        for q in (16, 64, 256):
+            for s in (1, 8, 16):
+                want = 1 if s * q >= 132 else 132 // (s * q)
+                assert mosaic_gpu.split_count(s, q, ctx + q + 7) == want, (ctx, q, s)
+    # past a wave: 16k Q 17 (H 64: 17 row blocks) S 8 is 136 CTAs, two waves for 1.03 waves of
+    # work; S 16 is 272 (three for 2.06); 8k Q 9 S 8 is 72, a wave half full
+    assert mosaic_gpu.split_count(8, 17, 16408) == 5
+    assert mosaic_gpu.split_count(16, 17, 16408) == 3
+    assert mosaic_gpu.split_count(8, 9, 8208) == 5
+    for s, blocks, slots in ((8, 17, 16408), (16, 17, 16408), (32, 9, 8208), (64, 3, 8208)):
+        assert s * mosaic_gpu.split_count(s, blocks, slots) <= max(64, s)
+    est = functools.partial(mosaic_gpu.split_estimate_us, 136, 129)
+    assert est(5) < 0.9 * est(1) and est(1) == 2 * (mosaic_gpu.CTA_US + 129 * mosaic_gpu.PAIR_US)
 
 
 @pytest.mark.parametrize("num_s,num_q,slots,balance,want", [
@@ -505,6 +522,8 @@ def test_mosaic_split_count():
     (2, 32, 16392, True, (2, 2)),      # 64 CTAs: split_count's 2 runs either way
     (16, 1, 8200, True, (1, 8)),       # decode: split_count's runs
     (8, 16, 128, True, (2, 1)),        # a one-pair cache: nothing to split
+    (8, 17, 16408, False, (1, 5)),     # 136 CTAs, just past one wave: the wave model's 5 runs
+    (8, 17, 16408, True, (1, 5)),      # ... the same with balance (launched longest run first)
 ])
 def test_mosaic_launch(num_s, num_q, slots, balance, want):
     """launch: (cluster, runs per stream) from prepare's shapes (H 64: Q row blocks per stream)."""

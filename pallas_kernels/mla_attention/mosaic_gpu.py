@@ -19,9 +19,9 @@ as V (its first v_dim). Three warpgroups:
 CTAs of consecutive row blocks of one stream run as a cluster whose key slots refill only when
 every CTA has consumed them, so they read each key tile from L2 at about the same time.
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
-With too few row blocks to fill the GPU (one stream with a small tree, plain decode), the
-streams' pairs are split into runs, one CTA each, whose parts are merged (`split_count`; flash-
-decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`. With
+With too few row blocks to fill the GPU (one stream with a small tree, plain decode), or just
+more than a whole number of waves (16k Q 17 S 8: 136 CTAs on 132 SMs), the streams' pairs are
+split into runs, one CTA each, whose parts are merged (`split_count`'s wave model; flash-decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`. With
 balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
 ragged contexts cost about what equal ones of the same total do; unsplit calls with balance
 launch the longest streams' CTAs first (`runs.stream_order`), or where their CTAs fit one wave
@@ -512,24 +512,48 @@ def cluster_size(rows: int) -> int:
 
 FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA fills an SM's shared memory
 MIN_SPLIT_PAIRS = 1  # pairs (128 keys) per run at least
+# The wave model split_count weighs run counts by (H200, K2 width, kernel and merge device times;
+# BENCHMARKS.md issue 5, session 34: it reproduces 16k Q 17 S 8 / 16 and 8k Q 9 S 8 / 16 at 1-6
+# run counts within 1-5%): a CTA costs CTA_US + PAIR_US per pair of its run (one CTA per SM, so
+# the CTAs run in waves of FILL_CTAS), the merge MERGE_US + its parts' bytes at MERGE_BYTES_PER_US.
+CTA_US, PAIR_US = 10.0, 3.46
+MERGE_US, MERGE_BYTES_PER_US = 3.0, 3.0e6
+PART_ROW_BYTES = 512 * 2    # a part's row: v 512 in bf16
+WAVE_GAIN = 0.9             # leave the one-wave rule only for an estimate at least 10% lower
+WAVE_PARTS = 64            # past the one-wave rule, S x splits parts per row block at most
 
 
-def split_count(ctas: int, slots: int) -> int:
+def split_estimate_us(ctas: int, pairs: int, splits: int) -> float:
+    """split_count's wave model: the estimated device us of a call of `ctas` row-block CTAs over
+    `pairs` pairs per stream, split into `splits` runs per stream (its longest run sets a wave)."""
+    waves = -(-ctas * splits // FILL_CTAS)
+    merge = MERGE_US + splits * ctas * BLOCK_Q * PART_ROW_BYTES / MERGE_BYTES_PER_US if splits > 1 else 0.0
+    return waves * (CTA_US + PAIR_US * -(-pairs // splits)) + merge
+
+
+def split_count(num_s: int, row_blocks: int, slots: int) -> int:
     """Runs per stream (`context_attention(splits=)`; S * splits CTAs per row block, which
-    `runs.run_schedule` shares out by the streams' pairs): 1 when the row blocks' CTAs fill the
-    GPU's SMs, else as many as fit in one wave (FILL_CTAS // ctas), each of at least
-    MIN_SPLIT_PAIRS pairs of a `slots`-slot cache. A run more than one wave holds starts a
-    second wave for a few CTAs. On the H200 (BENCHMARKS.md, issue 5, sessions 20-22), at ctx 32k,
-    Q 1, S 16 (16 CTAs) the whole operation took 0.268 ms with 9 runs (144 CTAs) and 0.172 ms
-    with 8; at ctx 8k, Q 1, S 1 the kernel took 23.0 / 16.2 / 13.3 us of device time with 16 /
-    32 / 64 runs (session 22: a run's fixed cost is about 7 us, a pair 3-4 us). A stream walks at
-    most ceil(slots / PAIR) pairs (its whole pairs and its tail pair; 65 for 8192 + 1 keys in 8200
-    slots), so up to that many runs each get one pair: at 8192 + 1 keys, kernel + merge took 14.9
-    us with 65 runs against 17.8 with 64 (one run of two pairs), and 18.0 against 19.9 at S 2
-    (session 26)."""
-    if ctas >= FILL_CTAS:
-        return 1
-    return max(1, min(FILL_CTAS // ctas, -(-slots // (PAIR * MIN_SPLIT_PAIRS))))
+    `runs.run_schedule` shares out by the streams' pairs) for S streams of `row_blocks` 64-row
+    blocks and a `slots`-slot cache (a stream walks at most ceil(slots / PAIR) pairs: its whole
+    pairs and its tail pair; 65 for 8192 + 1 keys in 8200 slots). The one-wave rule: 1 when the
+    S x row_blocks CTAs fill the GPU's SMs, else as many as fit in one wave, each of at least
+    MIN_SPLIT_PAIRS pairs. Where another count, of at most WAVE_PARTS / S runs (so that the CTAs
+    of a wave share each run's keys through L2 over two row blocks or more), has a wave estimate
+    (`split_estimate_us`) at least 10% lower, that count: CTAs just past a wave (16k Q 17 S 8: 136
+    CTAs, two waves for 1.03 waves of work) or a wave well short of full (8k Q 9 S 8: 72 CTAs)
+    split into more runs than one wave holds. On the H200 (BENCHMARKS.md, issue 5): one-wave
+    choices at ctx 32k, Q 1, S 16 0.268 ms with 9 runs (144 CTAs) and 0.172 ms with 8; 8k Q 1 S 1
+    kernel 23.0 / 16.2 / 13.3 us with 16 / 32 / 64 runs, kernel + merge 14.9 us with 65 runs
+    against 17.8 with 64 (sessions 20-26); kernel + merge device us (session 34) at 16k Q 17 S 8
+    906 / 702 / 642 / 619 / 603 / 616 with 1 / 2 / 3 / 4 / 6 / 8 runs (the rule picks 5), S 16
+    1360 / 1194 / 1162 / 1169 / 1221 / 1337 (picks 3; past 64 parts the model is 5-15% low), 8k Q
+    9 S 16 470 / 377 / 351 / 348 with 1-4 runs (picks 3), S 8 231 / 250 / 175 with 1-3 (picks 5)."""
+    ctas, pairs = num_s * row_blocks, -(-slots // PAIR)
+    fill = 1 if ctas >= FILL_CTAS else max(1, min(FILL_CTAS // ctas, pairs // MIN_SPLIT_PAIRS))
+    most = min(pairs, max(fill, WAVE_PARTS // num_s))
+    best = min(range(1, most + 1), key=lambda k: split_estimate_us(ctas, pairs, k))
+    gain = split_estimate_us(ctas, pairs, best) < WAVE_GAIN * split_estimate_us(ctas, pairs, fill)
+    return best if gain else fill
 
 
 def tail_words(ctx_lens, node_mask, num_q: int):
@@ -605,7 +629,7 @@ def launch(q_pad, kv_k, *, splits: int | None = None, balance: bool = False) -> 
     cluster = cluster_size(rows)
     if splits is None:
         ctas = num_s * rows // BLOCK_Q
-        splits = split_count(ctas, kv_k.shape[1])
+        splits = split_count(num_s, rows // BLOCK_Q, kv_k.shape[1])
         if balance and num_s > 1 and splits == 1 and ctas <= FILL_CTAS and kv_k.shape[1] > PAIR:
             splits = 2
     return cluster, splits
