@@ -513,8 +513,8 @@ def cluster_size(rows: int) -> int:
 FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA fills an SM's shared memory
 MIN_SPLIT_PAIRS = 1  # pairs (128 keys) per run at least
 # The wave model split_count weighs run counts by (H200, K2 width, kernel and merge device times;
-# BENCHMARKS.md issue 5, session 34: it reproduces 16k Q 17 S 8 / 16 and 8k Q 9 S 8 / 16 at 1-6
-# run counts within 1-5%): a CTA costs CTA_US + PAIR_US per pair of its run (one CTA per SM, so
+# BENCHMARKS.md issue 5, session 34: 17 of 19 timed calls at 16k Q 17 S 8 / 16 and 8k Q 9 S 8 / 16
+# with 1-8 runs within 0.4-4.9%): a CTA costs CTA_US + PAIR_US per pair of its run (one CTA per SM, so
 # the CTAs run in waves of FILL_CTAS), the merge MERGE_US + its parts' bytes at MERGE_BYTES_PER_US.
 CTA_US, PAIR_US = 10.0, 3.46
 MERGE_US, MERGE_BYTES_PER_US = 3.0, 3.0e6
@@ -546,7 +546,7 @@ def split_count(num_s: int, row_blocks: int, slots: int) -> int:
     kernel 23.0 / 16.2 / 13.3 us with 16 / 32 / 64 runs, kernel + merge 14.9 us with 65 runs
     against 17.8 with 64 (sessions 20-26); kernel + merge device us (session 34) at 16k Q 17 S 8
     906 / 702 / 642 / 619 / 603 / 616 with 1 / 2 / 3 / 4 / 6 / 8 runs (the rule picks 5), S 16
-    1360 / 1194 / 1162 / 1169 / 1221 / 1337 (picks 3; past 64 parts the model is 5-15% low), 8k Q
+    1360 / 1194 / 1162 / 1169 / 1221 / 1337 (picks 3; past 64 parts the model is 5-9% low), 8k Q
     9 S 16 470 / 377 / 351 / 348 with 1-4 runs (picks 3), S 8 231 / 250 / 175 with 1-3 (picks 5)."""
     ctas, pairs = num_s * row_blocks, -(-slots // PAIR)
     fill = 1 if ctas >= FILL_CTAS else max(1, min(FILL_CTAS // ctas, pairs // MIN_SPLIT_PAIRS))
