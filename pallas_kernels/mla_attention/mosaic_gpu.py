@@ -21,7 +21,9 @@ every CTA has consumed them, so they read each key tile from L2 at about the sam
 (Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
 With too few row blocks to fill the GPU (one stream with a small tree, plain decode), or just
 more than a whole number of waves (16k Q 17 S 8: 136 CTAs on 132 SMs), the streams' pairs are
-split into runs, one CTA each, whose parts are merged (`split_count`'s wave model; flash-decoding), by one Pallas:Triton kernel (`merge.merge_splits`) or XLA's `combine_splits`. With
+split into runs, one CTA each (past a wave, each run's row blocks launched together), whose parts
+are merged (`split_count`'s wave model; flash-decoding), by one Pallas:Triton kernel
+(`merge.merge_splits`) or XLA's `combine_splits`. With
 balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
 ragged contexts cost about what equal ones of the same total do; unsplit calls with balance
 launch the longest streams' CTAs first (`runs.stream_order`), or where their CTAs fit one wave
@@ -105,7 +107,10 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: not
     loaded, not multiplied), as at plain decode, where the tail's one real key is in its first tile.
     splits > 1 (flash-decoding, for shapes with too few row blocks to fill the GPU) gives each row
-    block W = S * splits CTAs: CTA f = s * splits + k is run k of stream s (balance False), or
+    block W = S * splits CTAs: CTA f = s * splits + k is run k of stream s (balance False; past
+    one wave, R / 64 * W > FILL_CTAS, each run's row blocks are launched together, so that they
+    read its keys from L2: 4-20% faster, more with more runs, than every run of a row block
+    together at 16k-32k Q 17 and 8k Q 9; BENCHMARKS.md issue 5, session 35), or
     the CTAs are shared out among the streams in proportion to the pairs each walks (balance
     True: `runs.run_schedule` and `runs.run_of`; splits runs each when the contexts are equal);
     each stream's runs by `run_bounds` (the remainder to the last runs, which hold the tail). It
@@ -423,9 +428,14 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     else:
         out_type = (jax.ShapeDtypeStruct((num_s * splits, rows, v_dim), q.dtype),
                     jax.ShapeDtypeStruct((num_s * splits, rows), jnp.float32))
+        # Within one wave every part's row blocks run together; past one, each part's row blocks
+        # are launched together (the rows axis last), so that a wave reads few runs' keys, each
+        # from L2 for all its row blocks: by their runs' pairs, most first, with balance.
         grid, grid_names = (rows // BLOCK_Q // cluster, num_s, splits), ("rows", "stream", "split")
-        if parts_first:     # past one wave: the CTA parts by their runs' pairs, each part's row blocks together
+        if parts_first:
             grid, grid_names = (num_s * splits, rows // BLOCK_Q // cluster), ("part", "rows")
+        elif rows // BLOCK_Q * num_s * splits > FILL_CTAS:
+            grid, grid_names = (num_s, splits, rows // BLOCK_Q // cluster), ("stream", "split", "rows")
     if timeline:
         out_type += (jax.ShapeDtypeStruct((num_s, rows // BLOCK_Q, splits, len(TIMELINE)), jnp.int32),)
     kernel = plmg.kernel(
@@ -513,14 +523,15 @@ def cluster_size(rows: int) -> int:
 FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA fills an SM's shared memory
 MIN_SPLIT_PAIRS = 1  # pairs (128 keys) per run at least
 # The wave model split_count weighs run counts by (H200, K2 width, kernel and merge device times;
-# BENCHMARKS.md issue 5, session 34: 17 of 19 timed calls at 16k Q 17 S 8 / 16 and 8k Q 9 S 8 / 16
-# with 1-8 runs within 0.4-4.9%): a CTA costs CTA_US + PAIR_US per pair of its run (one CTA per SM, so
-# the CTAs run in waves of FILL_CTAS), the merge MERGE_US + its parts' bytes at MERGE_BYTES_PER_US.
-CTA_US, PAIR_US = 10.0, 3.46
+# BENCHMARKS.md issue 5, session 35: 16 calls at 16k Q 17 S 8 / 16, 32k Q 17 S 16 and 8k Q 9 S 16
+# with 1-8 runs, each run's row blocks launched together, within -4.9% .. +3.1%): a CTA costs CTA_US
+# + PAIR_US per pair of its run (one CTA per SM, so the CTAs run in waves of FILL_CTAS), the merge
+# MERGE_US + its parts' bytes at MERGE_BYTES_PER_US.
+CTA_US, PAIR_US = 3.3, 3.45
 MERGE_US, MERGE_BYTES_PER_US = 3.0, 3.0e6
 PART_ROW_BYTES = 512 * 2    # a part's row: v 512 in bf16
 WAVE_GAIN = 0.9             # leave the one-wave rule only for an estimate at least 10% lower
-WAVE_PARTS = 64            # past the one-wave rule, S x splits parts per row block at most
+WAVE_TIE = 1.03             # ... for the fewest runs estimated within 3% of the lowest (the model's error)
 
 
 def split_estimate_us(ctas: int, pairs: int, splits: int) -> float:
@@ -537,21 +548,21 @@ def split_count(num_s: int, row_blocks: int, slots: int) -> int:
     blocks and a `slots`-slot cache (a stream walks at most ceil(slots / PAIR) pairs: its whole
     pairs and its tail pair; 65 for 8192 + 1 keys in 8200 slots). The one-wave rule: 1 when the
     S x row_blocks CTAs fill the GPU's SMs, else as many as fit in one wave, each of at least
-    MIN_SPLIT_PAIRS pairs. Where another count, of at most WAVE_PARTS / S runs (so that the CTAs
-    of a wave share each run's keys through L2 over two row blocks or more), has a wave estimate
-    (`split_estimate_us`) at least 10% lower, that count: CTAs just past a wave (16k Q 17 S 8: 136
-    CTAs, two waves for 1.03 waves of work) or a wave well short of full (8k Q 9 S 8: 72 CTAs)
-    split into more runs than one wave holds. On the H200 (BENCHMARKS.md, issue 5): one-wave
-    choices at ctx 32k, Q 1, S 16 0.268 ms with 9 runs (144 CTAs) and 0.172 ms with 8; 8k Q 1 S 1
-    kernel 23.0 / 16.2 / 13.3 us with 16 / 32 / 64 runs, kernel + merge 14.9 us with 65 runs
-    against 17.8 with 64 (sessions 20-26); kernel + merge device us (session 34) at 16k Q 17 S 8
-    906 / 702 / 642 / 619 / 603 / 616 with 1 / 2 / 3 / 4 / 6 / 8 runs (the rule picks 5), S 16
-    1360 / 1194 / 1162 / 1169 / 1221 / 1337 (picks 3; past 64 parts the model is 5-9% low), 8k Q
-    9 S 16 470 / 377 / 351 / 348 with 1-4 runs (picks 3), S 8 231 / 250 / 175 with 1-3 (picks 5)."""
+    MIN_SPLIT_PAIRS pairs. Where the wave model (`split_estimate_us`) estimates another count at
+    least 10% lower, the fewest runs estimated within 3% of the lowest: CTAs just past a wave
+    (16k Q 17 S 8: 136 CTAs, two waves for 1.03 waves of work) or a wave well short of full (8k Q
+    9 S 8: 72 CTAs) split into more runs than one wave holds (context_attention then launches
+    each run's row blocks together, so that they share its keys through L2). On the H200
+    (BENCHMARKS.md, issue 5): one-wave choices at ctx 32k, Q 1, S 16 0.268 ms with 9 runs (144
+    CTAs) and 0.172 ms with 8; 8k Q 1 S 1 kernel 23.0 / 16.2 / 13.3 us with 16 / 32 / 64 runs,
+    kernel + merge 14.9 us with 65 runs against 17.8 with 64 (sessions 20-26). Session 35, kernel
+    + merge + prepare device us, 1 run -> the rule's count (its device us; the best count timed):
+    16k Q 17 S 8 906 -> 5 (577; 6: 568), S 16 1360 -> 3 (1088; 6: 1053), 32k Q 17 S 8 -> 6
+    (1080; 8: 1067), S 16 -> 5 (2016), 8k Q 9 S 8 231 -> 5 (162), S 16 470 -> 5 (318)."""
     ctas, pairs = num_s * row_blocks, -(-slots // PAIR)
     fill = 1 if ctas >= FILL_CTAS else max(1, min(FILL_CTAS // ctas, pairs // MIN_SPLIT_PAIRS))
-    most = min(pairs, max(fill, WAVE_PARTS // num_s))
-    best = min(range(1, most + 1), key=lambda k: split_estimate_us(ctas, pairs, k))
+    est = [split_estimate_us(ctas, pairs, k) for k in range(1, pairs + 1)]
+    best = 1 + next(k for k, e in enumerate(est) if e <= WAVE_TIE * min(est))
     gain = split_estimate_us(ctas, pairs, best) < WAVE_GAIN * split_estimate_us(ctas, pairs, fill)
     return best if gain else fill
 
