@@ -13,10 +13,12 @@ on 8 RTX PRO 6000, and (--measure) the k2_slice verify-step time per layer on th
 --measure times, per (streams, budget, lengths, attn_balance), one jitted target forward over
 streams x (budget + 1) tree tokens against `--measure_ctx` contexts (all equal, or spread around it
 with the same total; random INT4 experts), and separately the MLA attention
-core, the routed-experts kernel and lm_head at the same shapes; "rest" per layer = (forward -
-layers x attention - MoE layers x MoE - head) / layers. The attention and MoE kernels are checked
-against the xla path before they are timed; on a GPU, each one's % of its roofline floor uses the
-copy and matmul ceilings measured in the same run (bench_util.measure_ceilings).
+core, the routed-experts kernel and lm_head at the same shapes (on a GPU in device time from a
+profiler trace, parts_clock "device"; the forward by the wall clock); "rest" per layer = (forward -
+layers x attention - MoE layers x MoE - head) / layers, so it holds the host's gaps too. The
+attention and MoE kernels are checked against the xla path before they are timed; on a GPU, each
+one's % of its roofline floor uses the copy and matmul ceilings measured in the same run
+(bench_util.measure_ceilings).
 """
 
 from __future__ import annotations
@@ -98,10 +100,23 @@ def _checked(what: str, fn, ref_fn, *args) -> None:
         raise AssertionError(f"{what}: relative error {err:.2e} against the xla path > {CHECK_TOL:.0e}")
 
 
+def part_seconds(fn, *args, reps: int) -> tuple[float, str]:
+    """(seconds per call, clock) of one part of the forward (attention, MoE, head): on a GPU its
+    kernels' device time from a profiler trace, as they run inside the forward ("device");
+    elsewhere the wall clock's median over reps ("wall"). On the H200 a wall clock of one call per
+    round added the host's dispatch and sync, 0.1-0.4 ms, to 0.2-1.1 ms attention calls at 16k
+    (BENCHMARKS.md issue 5, session 35)."""
+    if jax.default_backend() == "gpu" and (traced := bench_util.traced_device_time(fn, *args,
+                                                                                    calls=max(reps, 10))):
+        return traced["busy_us"] * 1e-6, "device"
+    return median_seconds(fn, *args, reps=reps), "wall"
+
+
 def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16, reps: int = 5,
             ceilings: dict | None = None, lengths=("uniform",), balances=(True,)) -> list[dict]:
-    """Per (streams, budget, lengths, attn_balance): seconds of the forward, and per layer of
-    attention / MoE / rest; the attention and MoE kernels are checked against the xla path first.
+    """Per (streams, budget, lengths, attn_balance): seconds of the forward (wall clock), and per
+    layer of attention / MoE / rest (`part_seconds`: on a GPU device time, parts_clock "device");
+    the attention and MoE kernels are checked against the xla path first.
     lengths: the streams' contexts (bench_util.stream_contexts: all ctx, or "spread" from ctx / S
     to ~2 ctx, the same total); balances: the forward's attn_balance values to time (the
     attention's balance hint). ceilings (bench_util.measure_ceilings, this run): also each
@@ -139,7 +154,7 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
         att = jax.jit(lambda qq, kv: attend(qq, kv, cache.lengths, mask, balance=bal, **kw))
         _checked(f"attention at {what}", att,
                  lambda qq, kv: attend_xla(qq, kv, cache.lengths, mask, **kw), qa, cache.kv[0])
-        t_attn = median_seconds(att, qa, cache.kv[0], reps=reps)
+        t_attn, clock = part_seconds(att, qa, cache.kv[0], reps=reps)
         if t not in per_tokens:     # MoE and head: by token count only (not the contexts or the hint)
             x = jnp.asarray(rng.normal(0, 1, (t, cfg.hidden_size)), dtype)
             ids = np.argsort(rng.random((t, cfg.n_routed_experts)), 1)[:, :cfg.num_experts_per_tok]
@@ -147,14 +162,15 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
             w = jnp.full(ids.shape, 1.0 / cfg.num_experts_per_tok, jnp.float32)
             _checked(f"MoE at {t} tokens", jax.jit(moe), jax.jit(moe_xla), x, ids, w, experts)
             logits = jax.jit(lambda xx, hh: jnp.dot(xx, hh, preferred_element_type=jnp.float32))
-            per_tokens[t] = (median_seconds(jax.jit(moe), x, ids, w, experts, reps=reps),
-                             median_seconds(logits, x, head, reps=reps))
-        t_moe, t_head = per_tokens[t]
+            per_tokens[t] = (part_seconds(jax.jit(moe), x, ids, w, experts, reps=reps),
+                             part_seconds(logits, x, head, reps=reps))
+        (t_moe, moe_clock), (t_head, head_clock) = per_tokens[t]
         n = cfg.num_hidden_layers
         rest = (t_full - n * t_attn - len(moe_layers) * t_moe - t_head) / n
         row = dict(streams=s, budget=b, tokens=t, ctx=ctx, lengths=kind, attn_balance=bal,
                    forward_ms=t_full * 1e3, attention_ms=t_attn * 1e3, moe_ms=t_moe * 1e3, rest_ms=rest * 1e3,
-                   head_ms=t_head * 1e3)
+                   head_ms=t_head * 1e3,
+                   parts_clock="/".join(sorted({clock, moe_clock, head_clock})))
         if ceilings:
             row.update(moe_pct_floor=100 * rf.moe_seconds(gpu, rf.UNIT, cfg, t, 1) / t_moe,
                        attn_pct_floor=100 * rf.attention_seconds(gpu, rf.UNIT, cfg, s, q, ctx, 1) / t_attn)

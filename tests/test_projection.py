@@ -74,6 +74,7 @@ def test_measure_runs_on_the_tiny_preset():
     (row,) = rows
     assert row["tokens"] == 3 and row["forward_ms"] > 0 and row["moe_ms"] > 0
     assert {"attention_ms", "rest_ms", "head_ms"} <= set(row) and "moe_pct_floor" not in row
+    assert row["parts_clock"] == "wall"         # device time from a trace on a GPU only
     ceilings = dict(copy_tbps=1.0, matmul_tflops_xla=1.0, matmul_tflops_torch=2.0)
     (row,) = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
                                    reps=1, ceilings=ceilings)

@@ -524,7 +524,7 @@ FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA 
 MIN_SPLIT_PAIRS = 1  # pairs (128 keys) per run at least
 # The wave model split_count weighs run counts by (H200, K2 width, kernel and merge device times;
 # BENCHMARKS.md issue 5, session 35: 16 calls at 16k Q 17 S 8 / 16, 32k Q 17 S 16 and 8k Q 9 S 16
-# with 1-8 runs, each run's row blocks launched together, within -4.9% .. +3.1%): a CTA costs CTA_US
+# with 1-8 runs, each run's row blocks launched together, within -5.0% .. +3.0%): a CTA costs CTA_US
 # + PAIR_US per pair of its run (one CTA per SM, so the CTAs run in waves of FILL_CTAS), the merge
 # MERGE_US + its parts' bytes at MERGE_BYTES_PER_US.
 CTA_US, PAIR_US = 3.3, 3.45
