@@ -15,7 +15,9 @@ Assumptions (MODEL_ASSUMPTIONS is printed with every projection):
 - Two ring all-reduces of the bf16 [T, d] activations per layer (after o_proj, after the MoE
   combine): 2 (G-1)/G x bytes / (link bandwidth x efficiency) + a latency each.
 - Attention in the absorbed form: FLOPs 2 S Q (H/G) (ctx + Q) (kv_lora + rope + kv_lora); bytes =
-  the latent cache S (ctx + Q) (kv_lora + rope) x 2 B; time = a fixed cost per call + its roofline floor / efficiency.
+  the latent cache S (ctx + Q) (kv_lora + rope) x 2 B; time = a fixed cost per call + its roofline
+  floor / efficiency, the FLOPs over each stream's Q (H/G) rows rounded up to the kernel's blocks of
+  64 (at 8 heads per GPU, Q = budget + 1 pads: 17 x 8 = 136 rows compute as 192).
 - Per step besides the layers: lm_head over T tokens; the drafter (its layers' weights once, plus
   lm_head over streams x (block - 1) draft positions); the tree build (H200 measurement, scaled by
   copy bandwidth for other GPUs); a fixed step overhead (accept, compaction, host loop).
@@ -82,6 +84,7 @@ class Calibration:
     moe_min_us: float              # ... per-layer kernel latency floor
     attn_eff: float                # MLA attention: fraction of its floor reached by the work itself
     attn_fixed_us: float           # ... fixed cost per call (launch, prep, split merge), added
+    attn_rows: int                 # ... (node, head) rows per program: a stream's Q x H rows in whole blocks
     dense_bw_eff: float            # bf16 weight GEMMs: fraction of copy bandwidth
     dense_mm_eff: float
     comm_eff: float                # all-reduce: fraction of link bandwidth
@@ -93,6 +96,7 @@ class Calibration:
 CALIBRATIONS = {
     "measured": Calibration(
         "measured", moe_bw_eff=0.68, moe_mm_eff=0.28, moe_min_us=105, attn_eff=0.85, attn_fixed_us=14,
+        attn_rows=64,
         dense_bw_eff=0.80, dense_mm_eff=0.80, comm_eff=0.80, layer_us=30, step_us=300,
         source="this repo's H200 kernels (BENCHMARKS.md, session 8: INT4 MoE 66-70% of copy at "
                "T=16..256 in device time, 102-108 us at T=1 (moe_h200_session8.md); session 9: "
@@ -103,14 +107,14 @@ CALIBRATIONS = {
                "bf16-weight GEMMs 75-85% of copy); comm, layer and step terms assumed"),
     "marlin": Calibration(
         "marlin", moe_bw_eff=0.70 / _COPY_RATIO, moe_mm_eff=0.25, moe_min_us=20, attn_eff=0.80,
-        attn_fixed_us=10, dense_bw_eff=0.85, dense_mm_eff=0.80, comm_eff=0.80, layer_us=15,
+        attn_fixed_us=10, attn_rows=64, dense_bw_eff=0.85, dense_mm_eff=0.80, comm_eff=0.80, layer_us=15,
         step_us=300,
         source="published-class kernels: Marlin INT4 MoE at 70% of HBM peak (67-73% quoted), "
                "FlashMLA-class attention at 80% of floor; the rest as 'measured'"),
 }
 
 # every efficiency 1 and no latency floors: the bare roofline
-UNIT = Calibration("roofline", moe_bw_eff=1, moe_mm_eff=1, moe_min_us=0, attn_eff=1, attn_fixed_us=0,
+UNIT = Calibration("roofline", moe_bw_eff=1, moe_mm_eff=1, moe_min_us=0, attn_eff=1, attn_fixed_us=0, attn_rows=1,
                    dense_bw_eff=1, dense_mm_eff=1, comm_eff=1, layer_us=0, step_us=0,
                    source="bare roofline (all efficiencies 1, no latencies)")
 
@@ -153,10 +157,14 @@ def moe_seconds(gpu: GPU, cal: Calibration, cfg: ModelConfig, tokens: int, gpus:
 def attention_seconds(gpu: GPU, cal: Calibration, cfg: ModelConfig, streams: int, q: int, ctx: int,
                       gpus: int) -> float:
     """Absorbed MLA core (scores + softmax + values) of one layer, H/gpus heads, whole cache:
-    cal.attn_fixed_us + max(bytes / copy, FLOPs / matmul) / cal.attn_eff."""
+    cal.attn_fixed_us + max(bytes / copy, FLOPs / matmul) / cal.attn_eff, the FLOPs over each
+    stream's Q x H/gpus (node, head) rows rounded up to whole blocks of cal.attn_rows (the kernel
+    computes its padded rows in full: at 8 heads per GPU a budget-16 tree's 17 x 8 = 136 rows are
+    3 blocks of 64, 1.41x the work; at H 64, or at 8 heads with Q a multiple of 8, none)."""
     dk = cfg.kv_lora_rank + cfg.qk_rope_head_dim
     heads = cfg.num_attention_heads / gpus
-    flops = 2.0 * streams * q * heads * (ctx + q) * (dk + cfg.kv_lora_rank)
+    rows = math.ceil(q * heads / cal.attn_rows) * cal.attn_rows
+    flops = 2.0 * streams * rows * (ctx + q) * (dk + cfg.kv_lora_rank)
     byts = BF16 * streams * ((ctx + q) * dk + q * heads * (dk + cfg.kv_lora_rank))
     return cal.attn_fixed_us * 1e-6 + _roof(byts, flops, gpu, 1.0, 1.0) / cal.attn_eff
 

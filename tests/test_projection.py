@@ -1,6 +1,7 @@
 """The K2.6 roofline: a hand-computed step, component formulas, the projection script's pieces."""
 
 import dataclasses
+import itertools
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +45,18 @@ def test_k2_components_by_hand():
         2 * 4096 * 8 * 3 * 7168 * 2048 / 8 / 100e12)
     # attention S 2, Q 5, ctx 1000, 8 heads per GPU: bytes 2*2*(1005*576 + 5*8*1088) beat FLOPs
     assert rf.attention_seconds(TOY, rf.UNIT, cfg, 2, 5, 1000, 8) == pytest.approx(2489600 / 1e12)
+    # compute-bound S 8, Q 17, ctx 4096 at 8 heads per GPU: 136 rows per stream computed as 3 blocks of 64
+    padded = dataclasses.replace(rf.UNIT, attn_rows=64)
+    assert rf.attention_seconds(TOY, padded, cfg, 8, 17, 4096, 8) == pytest.approx(
+        2 * 8 * 192 * 4113 * 1088 / 100e12)
+    assert rf.attention_seconds(TOY, rf.UNIT, cfg, 8, 17, 4096, 8) == pytest.approx(
+        2 * 8 * 136 * 4113 * 1088 / 100e12)
+    # ... and none at the shapes the "measured" attention was fitted to (sessions 29-30: H 8 and 64,
+    # Q 1-256 in powers of two): Q 1-4 at 8 heads pad to 64 rows but stay memory-bound
+    h200, cal = rf.GPUS["H200"], rf.CALIBRATIONS["measured"]
+    for gpus, q, s, ctx in itertools.product((8, 1), (1, 2, 4, 16, 64, 256), (1, 16), (4096, 32768)):
+        assert rf.attention_seconds(h200, cal, cfg, s, q, ctx, gpus) == rf.attention_seconds(
+            h200, dataclasses.replace(cal, attn_rows=1), cfg, s, q, ctx, gpus)
     # ring all-reduce of 10 tokens x 7168 bf16 over 8 GPUs at 100 GB/s
     assert rf.allreduce_seconds(TOY, rf.UNIT, 10 * 7168 * 2, 8) == pytest.approx(
         2 * 7 / 8 * 143360 / 100e9)
