@@ -17,7 +17,8 @@ Assumptions (MODEL_ASSUMPTIONS is printed with every projection):
 - Attention in the absorbed form: FLOPs 2 S Q (H/G) (ctx + Q) (kv_lora + rope + kv_lora); bytes =
   the latent cache S (ctx + Q) (kv_lora + rope) x 2 B; time = a fixed cost per call + its roofline
   floor / efficiency, the FLOPs over each stream's Q (H/G) rows rounded up to the kernel's blocks of
-  64 (at 8 heads per GPU, Q = budget + 1 pads: 17 x 8 = 136 rows compute as 192).
+  64 (at 8 heads per GPU, Q = budget + 1 pads: 17 x 8 = 136 rows compute as 192, so the budgets
+  include 2^k - 1 beside 2^k).
 - Per step besides the layers: lm_head over T tokens; the drafter (its layers' weights once, plus
   lm_head over streams x (block - 1) draft positions); the tree build (H200 measurement, scaled by
   copy bandwidth for other GPUs); a fixed step overhead (accept, compaction, host loop).
@@ -274,7 +275,11 @@ class TauCurve:
 # log(budget): ~1.7 for one draft token, ~3 at budget 8 (DFlash-chain-like), ~6.2 at 1024.
 DEFAULT_TAU = TauCurve((1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                        (1.7, 2.1, 2.6, 3.0, 3.6, 4.2, 4.8, 5.3, 5.7, 6.0, 6.2))
-BUDGETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+# powers of two and their midpoints, each also one less: at 8 heads per GPU a budget one short of a
+# multiple of 8 fills whole 64-row attention blocks (Q = budget + 1 nodes x 8 heads); one more starts
+# a block with 8 real rows of 64
+BUDGETS = tuple(sorted({b - d for b in (2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+                        for d in (0, 1)}))
 
 
 def project(gpu: GPU, cal: Calibration, dep: Deployment, tau: TauCurve, streams: int,

@@ -73,6 +73,22 @@ def test_projection_prefers_trees_when_verification_is_flat():
     assert set(best["parts_ms"]) == {f.name for f in dataclasses.fields(rf.StepTime)}
 
 
+def test_budgets_include_whole_block_trees():
+    """At 8 heads per GPU a budget one short of a multiple of 8 (Q = budget + 1 nodes x 8 heads)
+    fills whole 64-row attention blocks: every even budget in BUDGETS has that neighbour, whose
+    attention FLOPs have no padded rows, while one node more starts a block of 8 real rows."""
+    cfg = dj.ModelConfig.preset("kimi_k2_6")
+    cal = dataclasses.replace(rf.UNIT, attn_rows=64)
+    for b in rf.BUDGETS:
+        if b % 8 == 0:
+            assert b - 1 in rf.BUDGETS
+            whole = rf.attention_seconds(TOY, cal, cfg, 8, b, 32768, 8)       # Q = b rows of 8 heads
+            assert whole == pytest.approx(rf.attention_seconds(TOY, rf.UNIT, cfg, 8, b, 32768, 8))
+            # Q = b + 1: one more 64-row block, of which 8 rows are real
+            padded = rf.attention_seconds(TOY, cal, cfg, 8, b + 1, 32768, 8)
+            assert padded == pytest.approx(2 * 8 * (b * 8 + 64) * (32768 + b + 1) * 1088 / 100e12)
+
+
 def test_tau_curve_parse_and_interpolation():
     tau = rf.TauCurve.parse("64:5,8:3")
     assert tau.budgets == (8, 64)
