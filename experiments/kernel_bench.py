@@ -129,7 +129,7 @@ def _variant_cfgs(t: int, sets: list[dict] | None = None) -> list:
 def _cfg_name(c) -> str:
     """pallas_triton(bm, bn_up, bn_down, warps, stages, dequant[, options that are on])."""
     on = [f"{f}={getattr(c, f)}" for f in ("scale_weights", "swap_ab", "split_k", "down_warps",
-                                           "down_stages", "cols_first")
+                                           "down_stages", "cols_first", "min_bm")
           if getattr(c, f) != type(c)._field_defaults[f]]
     return f"pallas_triton{tuple(c)[:6] + tuple(on)}"
 

@@ -194,15 +194,16 @@ def test_bad_inputs_raise():
             moe.moe_experts(x, ids.at[1, 0].set(bad), w, experts, impl="xla")
 
 
-def _check_kernel_rows(cfg, e, d, i, t, k, kind, label):
+def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None):
     """gate_up and down under `cfg` into NaN-poisoned buffers (the split_k partial buffers too):
     every real row written and equal to the golden intermediates, padding rows and unused blocks
-    untouched. bf16 activations, INT4 experts; `kind` routing of t tokens, top-k, e experts."""
+    untouched. bf16 activations, INT4 experts; `kind` routing of t tokens, top-k, e experts
+    (routing: (ids [t, k], weights) given instead)."""
     from pallas_kernels.moe import pallas_triton as pt
 
     rng = fresh_rng()
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
-    ids, w = _routing(rng, kind, t, k, e)
+    ids, w = routing or _routing(rng, kind, t, k, e)
     x = jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16)
     dm = moe.dims(experts)
     r, row_token, row_weight = pt.routed_rows(jnp.asarray(ids), jnp.asarray(w), e, cfg.bm)
@@ -265,3 +266,55 @@ def test_pallas_variants_match_golden(variant):
         assert_close(out, ref, TOL[dtype], f"{variant} T{t} {kind} {jnp.dtype(dtype).name}")
 
     _check_kernel_rows(cfg, 4, 288, 64, 9, 2, "one_expert", variant)
+
+
+def test_block_rows_is_the_smallest_prefix_holding_the_real_rows():
+    """block_rows against its definition for every real-row count 1..bm of a block (the rest -1)."""
+    from pallas_kernels.moe.pallas_triton import block_rows
+
+    for bm, min_bm in ((64, 16), (64, 32), (32, 16), (64, 0)):
+        for real in range(1, bm + 1):
+            row_token = np.full(3 * bm, -1, np.int32)
+            row_token[bm:bm + real] = 7                                   # block 1 holds `real` rows
+            want = bm if not min_bm else max(min_bm, 1 << (real - 1).bit_length())
+            assert int(block_rows(row_token, 1, bm, min_bm)) == want, (bm, min_bm, real)
+
+
+def test_min_bm_runs_every_body():
+    """cfg.min_bm = 16 at bm = 64: experts whose last block holds 5, 16, 17, 33, 64 and 6 (after a
+    full block) real rows run the 16-, 16-, 32-, 64-, 64- and 16-row bodies; every real row is
+    written and matches the golden, padding rows stay NaN (_check_kernel_rows); then the whole op
+    against the golden, and min_bm out of range is refused by name."""
+    from pallas_kernels.moe import pallas_triton as pt
+    from pallas_kernels.moe.tuning import MoEConfig
+
+    rng = fresh_rng()
+    counts = [5, 16, 17, 33, 64, 70]
+    ids = rng.permutation(np.repeat(np.arange(len(counts)), counts)).astype(np.int32)[:, None]
+    w = rng.random(ids.shape).astype(np.float32)
+    cfg = MoEConfig(bm=64, bn_up=32, bn_down=32, dequant="bits", scale_weights=True, min_bm=16)
+    _check_kernel_rows(cfg, 7, 96, 64, ids.shape[0], 1, "", "min_bm", routing=(ids, w))
+    e, d, i = 7, 288, 64
+    experts, (g, u, dn) = _int4_experts(rng, e, d, i)
+    x = jnp.asarray(rng.standard_normal((ids.shape[0], d)), jnp.bfloat16)
+    out = pt.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts, cfg=cfg)
+    ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
+    assert_close(out, ref, TOL[jnp.bfloat16], "min_bm whole op")
+    for bad in (8, 24, 64):
+        with pytest.raises(ValueError, match="MoEConfig.min_bm"):
+            pt.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts, cfg=cfg._replace(min_bm=bad))
+
+
+def test_tuned_table_is_valid_and_ordered():
+    """Every tuned entry passes MoEConfig.check, the entries rise in T, and config(T) takes the
+    first entry that covers T (the last beyond)."""
+    from pallas_kernels.moe import tuning
+
+    limits = [t for t, _ in tuning.TABLE]
+    assert limits == sorted(limits) and len(set(limits)) == len(limits)
+    for limit, cfg in tuning.TABLE:
+        assert cfg.check() is cfg
+        assert tuning.config(limit) is cfg
+    assert tuning.config(limits[-2] + 1) is tuning.TABLE[-1][1]
+    with pytest.raises(ValueError, match="MoEConfig.bm"):
+        tuning.MoEConfig(bm=24).check()

@@ -3,7 +3,8 @@
 Grid (row block b, column tile n[, K split]); block b's rows all belong to expert `block_expert[b]`
 (-1: the program does nothing). INT4 weights are read as kernel-layout words [32, BN] per 256-wide K block
 and dequantised in registers into 8 planes, one K=32 dot each; each group's scale multiplies the
-dequantised weights (`scale_weights`, every tuned config) or the [BM, BN] f32 dot output.
+dequantised weights (`scale_weights`, every tuned config) or the [BM, BN] f32 dot output. With
+`min_bm` a block multiplies only the smallest power-of-two prefix of rows holding its real rows.
 1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
 2. down: y[row] = w_row * (h[row] @ Wd), float32.
 Only real rows (row_token >= 0) are loaded and written: at decode sizes most rows of a block are
@@ -118,6 +119,32 @@ def _grid(blocks: int, tiles: int, cfg) -> tuple[int, int]:
     return (tiles, blocks) if cfg.cols_first else (blocks, tiles)
 
 
+def block_rows(row_token, b, bm: int, min_bm: int):
+    """Rows row block b's body multiplies (int32 scalar): the smallest of bm, bm / 2, ..., min_bm
+    (min_bm 0: bm) holding the block's real rows, which are a prefix of it (padding rows end an
+    expert's run). row_token [R]: a ref or array, -1 on padding rows."""
+    m, size = jnp.int32(bm), bm // 2
+    while min_bm and size >= min_bm:       # row `size` is padding: the real rows fit in `size`
+        m = jnp.where(row_token[b * bm + size] < 0, jnp.int32(size), m)
+        size //= 2
+    return m
+
+
+def _row_bodies(row_token_ref, b, e, bm, cfg, body):
+    """body(m) for row block b of expert e (e < 0: nothing), m = block_rows(...): one body per
+    candidate m in the kernel, so the dequantised weights serve an expert's few real rows once
+    without multiplying the block's padding rows (cfg.min_bm)."""
+    sizes = [bm]
+    while cfg.min_bm and sizes[-1] > cfg.min_bm:
+        sizes.append(sizes[-1] // 2)
+    if len(sizes) == 1:
+        pl.when(e >= 0)(functools.partial(body, bm))
+        return
+    m = block_rows(row_token_ref, b, bm, cfg.min_bm)
+    for size in sizes:
+        pl.when((e >= 0) & (m == size))(functools.partial(body, size))
+
+
 def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, int4_weights, route,
                     cfg, aliased):
     n_out = 2 if cfg.split_k > 1 else 1                      # split: gate and up partial sums
@@ -127,18 +154,17 @@ def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, in
     split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
-    @pl.when(e >= 0)
-    def _():
-        tokens = row_token_ref[pl.ds(b * bm, bm)]
+    def body(m):
+        tokens = row_token_ref[pl.ds(b * bm, m)]
         real = (tokens >= 0)[:, None]
         tokens = jnp.maximum(tokens, 0)
         ws = [tuple(w_refs[i:i + 2]) for i in (0, 2)] if int4_weights else list(w_refs)
         g, u = _project(
             lambda k0, size: plgpu.load(
                 x_ref.at[tokens[:, None], (k0 + jnp.arange(size))[None, :]], mask=real, other=0),
-            ws, e, n * bn, bm, bn, k, int4_weights=int4_weights, dtype=x_ref.dtype, route=route,
+            ws, e, n * bn, m, bn, k, int4_weights=int4_weights, dtype=x_ref.dtype, route=route,
             cfg=cfg, split=split)
-        rows, cols = pl.ds(b * bm, bm), pl.ds(n * bn, bn)
+        rows, cols = pl.ds(b * bm, m), pl.ds(n * bn, bn)
         mask = jnp.broadcast_to(real, g.shape)
         if split is None:
             plgpu.store(out_refs[0].at[rows, cols], _silu_mul(g, u).astype(out_refs[0].dtype),
@@ -146,6 +172,8 @@ def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, in
         else:
             plgpu.store(out_refs[0].at[split[0], rows, cols], g, mask=mask)
             plgpu.store(out_refs[1].at[split[0], rows, cols], u, mask=mask)
+
+    _row_bodies(row_token_ref, b, e, bm, cfg, body)
 
 
 def _silu_mul(g, u):
@@ -159,19 +187,20 @@ def _down_kernel(row_token_ref, row_weight_ref, block_expert_ref, h_ref, *refs, 
     split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
-    @pl.when(e >= 0)
-    def _():
-        real = (row_token_ref[pl.ds(b * bm, bm)] >= 0)[:, None]
+    def body(m):
+        real = (row_token_ref[pl.ds(b * bm, m)] >= 0)[:, None]
         ws = [tuple(w_refs)] if int4_weights else list(w_refs)
         (y,) = _project(
-            lambda k0, size: plgpu.load(h_ref.at[pl.ds(b * bm, bm), pl.ds(k0, size)], mask=real,
+            lambda k0, size: plgpu.load(h_ref.at[pl.ds(b * bm, m), pl.ds(k0, size)], mask=real,
                                         other=0),
-            ws, e, n * bn, bm, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route,
+            ws, e, n * bn, m, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route,
             cfg=cfg, split=split)
-        w = row_weight_ref[pl.ds(b * bm, bm)]
-        idx = (pl.ds(b * bm, bm), pl.ds(n * bn, bn))
+        w = row_weight_ref[pl.ds(b * bm, m)]
+        idx = (pl.ds(b * bm, m), pl.ds(n * bn, bn))
         plgpu.store(y_ref.at[idx if split is None else (split[0], *idx)], y * w[:, None],
                     mask=jnp.broadcast_to(real, y.shape))
+
+    _row_bodies(row_token_ref, b, e, bm, cfg, body)
 
 
 def _call(kernel, grid, out_shape, args, cfg, out, warps=0, stages=0):
@@ -205,7 +234,7 @@ def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None):
     cfg.split_k > 1: the kernel writes float32 gate and up partial sums [split_k, R, I] (`out`: a
     pair of such buffers) and XLA reduces them and applies the epilogue.
     """
-    bn = _col_block(dm.intermediate, cfg.bn_up)
+    bn = _col_block(dm.intermediate, cfg.check().bn_up)
     kernel = functools.partial(_gate_up_kernel, bm=cfg.bm, bn=bn, k=dm.hidden, int4_weights=dm.int4,
                                route=_route(cfg, x.dtype), cfg=cfg)
     args = [row_token, block_expert, x, *_weights(experts, "gate", dm.int4),
@@ -226,7 +255,7 @@ def down(h, row_token, row_weight, block_expert, experts, dm: Dims, cfg, out=Non
 
     cfg.split_k > 1: the kernel writes partial sums [split_k, R, d] (`out`: such a buffer), summed here.
     """
-    bn = _col_block(dm.hidden, cfg.bn_down)
+    bn = _col_block(dm.hidden, cfg.check().bn_down)
     kernel = functools.partial(_down_kernel, bm=cfg.bm, bn=bn, k=dm.intermediate,
                                int4_weights=dm.int4, route=_route(cfg, h.dtype), cfg=cfg)
     args = [row_token, row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]

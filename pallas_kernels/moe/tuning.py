@@ -14,6 +14,10 @@ cols_first: launch order of the Pallas kernels' programs, column tiles before ro
 programs running together read adjacent column tiles of one expert's weight rows (default: row
 blocks first, which at decode sizes means a different expert in each program). Measured equal
 to the default at T = 1..256 (H200, session 17), so the table leaves it off.
+min_bm: 0, or the fewest rows a Pallas program multiplies: a row block whose real rows fit in
+bm / 2, bm / 4, ... >= min_bm rows runs a body of that many rows (one kernel holds every body), so
+an expert with few slots in a bm-row block dequantises its weights once without the padding
+rows' MMAs. A power of two in [16, bm / 2] (Triton's dot needs 16 rows).
 """
 
 from __future__ import annotations
@@ -34,6 +38,20 @@ class MoEConfig(NamedTuple):
     down_warps: int = 0
     down_stages: int = 0
     cols_first: bool = False
+    min_bm: int = 0
+
+    def check(self) -> "MoEConfig":
+        """self, or ValueError naming the field that no kernel can run."""
+        for name in ("bm", "bn_up", "bn_down"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"MoEConfig.{name} must be a power of two, got {v}")
+        if self.split_k < 1:
+            raise ValueError(f"MoEConfig.split_k must be >= 1, got {self.split_k}")
+        m = self.min_bm
+        if m and (m & (m - 1) or not 16 <= m <= self.bm // 2):
+            raise ValueError(f"MoEConfig.min_bm must be 0 or a power of two in [16, bm/2={self.bm // 2}], got {m}")
+        return self
 
 
 # (max_tokens, config); the last entry covers every larger T. From the H200 sweep of 2026-11-30
@@ -50,10 +68,15 @@ class MoEConfig(NamedTuple):
 # had never been re-tuned: T = 512 8265 -> 3604-3802 us with the T <= 256 config; T >= 1024
 # bm 32, 64 / 256 columns, scale_weights: T = 1024 8554 -> 4908 us, T = 4096 ~30,300 (sum of
 # the parts) -> 14,818 us.
+# Session 37 (experiments/results/moe_min_bm_h200_session37.md), device us per call: bm 16 /
+# bm 32 / bm 32 with min_bm 16 at T = 520 3478 / 4256 / 3586, 640 3952 / 4342 / 3869, 768 4737 /
+# 4363 / 4062, 1040 6262 / 4536 / 4584, 2048 - / 8609 / 8180, 4096 - / 14163 / 13914; at T = 256
+# and 512 min_bm's 16-row body ran 5-6% behind the bm 16 kernel. So bm 16 up to about 590 tokens
+# (the crossover between 520 and 640), bm 32 with min_bm 16 above.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
-    (512, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512
-    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True)),
+    (576, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512, 520
+    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16)),
 )
 
 
