@@ -403,6 +403,7 @@ MOSAIC_CASES = [  # (id, S, Q, H, Dk, v_dim, N, ctx, heads_first, rope apart): a
     (22, 2, 37, 3, 64, 32, 429, [256, 389], True, False),      # two mask words, N % 8 != 0
     (23, 4, 1, 8, 64, 32, 260, [255, 129, 0, 1], False, True),
     (24, 1, 9, 2, 128, 64, 700, [640], True, True),
+    (26, 2, 17, 8, 64, 32, 300, [130, 0], False, False),      # 136 rows: no copy, a partial last block
 ]
 
 
@@ -569,27 +570,61 @@ def test_mosaic_supported_says_why():
     assert "too wide" in mosaic_gpu.supported(640, 512, jnp.bfloat16)
 
 
-@pytest.mark.parametrize("splits,rows", [(1, 128), (3, 128), (3, 1024)])
+@pytest.mark.parametrize("splits,rows", [(1, 128), (3, 128), (3, 1024), (1, 136), (3, 200)])
 def test_mosaic_kernel_lowers_with_balanced_runs(splits, rows):
-    """context_attention(balance=True) lowers for CUDA on the CPU, clusters of one and two, with
-    and without the timeline: splits 3, the schedule's scalar code in the kernel (at 1024 rows
-    its 144 CTAs exceed one wave: launched by their runs' pairs, the order an input); splits 1,
-    the streams launched longest first (the order an input, the grid's stream axis the slow one)."""
+    """context_attention(balance=True) lowers for CUDA on the CPU, clusters of one and two (where
+    the row blocks pair up), with and without the timeline: splits 3, the schedule's scalar code
+    in the kernel (at 1024 rows its 144 CTAs exceed one wave: launched by their runs' pairs, the
+    order an input); splits 1, the streams launched longest first (the order an input, the grid's
+    stream axis the slow one); 136 and 200 rows: a partial last row block."""
+    blocks = -(-rows // 64)
     q = jax.ShapeDtypeStruct((3, rows, 576), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((3, 1024, 576), jnp.bfloat16)
-    lens, bits = jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 4, rows), jnp.int32)
-    for cluster, timeline in itertools.product((1, 2), (False, True)):
+    lens, bits = jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 4, 64 * blocks), jnp.int32)
+    for cluster, timeline in itertools.product((1, 2) if blocks % 2 == 0 else (1,), (False, True)):
         run = functools.partial(mosaic_gpu.context_attention, num_q=5, scale=0.1, v_dim=512, cluster=cluster,
                                 splits=splits, balance=True, timeline=timeline)
         jax.jit(run).trace(q, kv, lens, bits).lower(lowering_platforms=("cuda",))
 
 
-def test_mosaic_context_bad_epilogue():
-    q = jnp.zeros((1, 64, 576), jnp.bfloat16)
+def test_mosaic_context_bad_arguments():
+    """context_attention names the argument it cannot take: the epilogue, rows off a multiple of 8
+    or in half a cluster, tail_bits not rounded up to 64 rows, the registers epilogue (unclipped
+    stores) with a partial row block."""
     kv = jnp.zeros((1, 256, 576), jnp.bfloat16)
+    lens = jnp.ones(1, jnp.int32)
+
+    def call(rows, bit_rows, **kw):
+        mosaic_gpu.context_attention(jnp.zeros((1, rows, 576), jnp.bfloat16), kv, lens,
+                                     jnp.zeros((1, 4, bit_rows), jnp.int32), num_q=1, scale=0.1, v_dim=512, **kw)
+
     with pytest.raises(ValueError, match="epilogue must be one of"):
-        mosaic_gpu.context_attention(q, kv, jnp.ones(1, jnp.int32), jnp.zeros((1, 4, 64), jnp.int32), num_q=1,
-                                     scale=0.1, v_dim=512, epilogue="smem")
+        call(64, 64, epilogue="smem")
+    with pytest.raises(ValueError, match="rows=68 must be a multiple of 8"):
+        call(68, 128)
+    with pytest.raises(ValueError, match="rows=136 must be .* clusters of 2"):
+        call(136, 192, cluster=2)
+    with pytest.raises(ValueError, match=r"tail_bits must be \[S=1, 4k, 192\]"):
+        call(136, 136)
+    with pytest.raises(ValueError, match="registers epilogue needs rows=136"):
+        call(136, 192, epilogue="registers")
+
+
+def test_mosaic_prepare_pads_rows_to_8_only():
+    """prepare: Q * H = 136 rows (8 heads, Q 17) go to the kernel as they are (no copy; the last
+    64-row block is partial), 3 x 5 = 15 rows are padded to 16 with zeros; the tail bits always
+    cover whole 64-row blocks, zero past Q * H; launch counts the partial block."""
+    for num_q, num_h, aligned in ((17, 8, 136), (5, 3, 16)):
+        q, kv, ctx_lens, node_mask, _ = make_case(2, num_q, num_h, 64, 32, 300, [130, 7], ["bushy", "chain"],
+                                                  jnp.bfloat16)
+        q_rows, _, _, bits = mosaic_gpu.prepare(q, kv, ctx_lens, node_mask)
+        rows = num_q * num_h
+        assert q_rows.shape == (2, aligned, 64) and bits.shape[2] == -(-rows // 64) * 64
+        np.testing.assert_array_equal(np.asarray(q_rows[:, :rows]), np.asarray(q.reshape(2, rows, 64)))
+        assert not np.asarray(q_rows[:, rows:]).any() and not np.asarray(bits[..., rows:]).any()
+    q_rows = jax.ShapeDtypeStruct((8, 136, 576), jnp.bfloat16)
+    assert mosaic_gpu.launch(q_rows, jax.ShapeDtypeStruct((8, 16392, 576), jnp.bfloat16), splits=1) == (1, 1)
+    assert mosaic_gpu.cluster_size(200) == 2 and mosaic_gpu.cluster_size(136) == 1
 
 
 @pytest.mark.skipif(mosaic_gpu.is_hopper(), reason="checks the refusal off a Hopper GPU")
@@ -605,6 +640,7 @@ MOSAIC_GPU_CASES = [  # (id, S, Q, H, N, ctx): K2 widths, bf16
     (33, 1, 4, 64, 9010, [8999]),
     (34, 2, 70, 4, 1500, [0, 1400]),             # 280 rows, padded to 320
     (35, 4, 40, 64, 2100, [2000, 1000, 0, 1500]),  # 160 CTAs: the context not split (the others are)
+    (36, 3, 17, 8, 5000, [4096, 100, 2500]),     # 136 rows: a partial last row block, no copy
 ]
 
 
@@ -656,7 +692,9 @@ CONTEXT_CASES = [  # (rows, cluster, ctx_lens, Q, splits, epilogue): pairs 0-64,
     (128, 2, [1023] * 4, 200, 1, "tma"), (192, 1, [0, 64, 127, 5], 1, 1, "tma"),
     (128, 2, [0, 130, 996, 8192], 70, 3, "tma"), (64, 1, [63, 256, 1216, 8192], 1, 5, "tma"),
     (64, 1, [0, 256, 1152, 8192], 1, 8, "tma"), (128, 2, [0, 130, 996, 8192], 70, 3, "registers"),
-    (1024, 2, [0, 130, 996, 8192], 16, 3, "tma")]      # 192 CTAs: past one wave
+    (1024, 2, [0, 130, 996, 8192], 16, 3, "tma"),      # 192 CTAs: past one wave
+    (136, 1, [0, 130, 996, 8192], 17, 1, "tma"), (136, 1, [1, 191, 896, 8197], 17, 3, "tma"),
+    (200, 2, [0, 130, 996, 8192], 25, 1, "tma")]       # partial last row blocks
 
 
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
@@ -669,8 +707,10 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
     but must be ignored; stream 3's last tail tile reaches past the cache's 8200 slots; every
     other row of streams 0 and 2 has no tail key, so stream 0's rows with neither give zeros and
     -inf), every element (NaN-filled inputs run first, so buffers it fails to write would hold
-    stale NaN); splits > 1: each run's part (balance: runs.run_schedule shares the 4 * splits CTAs
-    out by the streams' pairs, with splits 3 here 1, 1, 2 and 8 runs), then merged; splits 1 with
+    stale NaN; 136 and 200 rows end in a partial row block, whose missing rows TMA reads as zeros
+    and must not write: not into the next stream's rows either); splits > 1: each run's part
+    (balance: runs.run_schedule shares the 4 * splits CTAs out by the streams' pairs, with
+    splits 3 here 1, 1, 2 and 8 runs), then merged; splits 1 with
     balance: the streams launched longest first (runs.stream_order), each output still at its
     own stream; split past one wave with balance: the CTAs launched longest run first
     (runs.part_order), each part still at its own place. Both epilogues."""
@@ -679,9 +719,11 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
     rng = fresh_rng()
     q = jnp.asarray(rng.standard_normal((4, rows, 576)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((4, 64 * 128 + 8, 576)), jnp.bfloat16)
-    empty = np.zeros((4, rows), bool)
+    rows64 = -(-rows // 64) * 64        # a partial last row block: its bits past the rows are zero
+    empty = np.zeros((4, rows64), bool)
     empty[[0, 2], ::2] = True
-    bits = jnp.asarray(random_tail_bits(rng, counts, 12, rows, kv.shape[1], empty))
+    empty[:, rows:] = True
+    bits = jnp.asarray(random_tail_bits(rng, counts, 12, rows64, kv.shape[1], empty))
     run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, ctx_lens, bits, num_q=num_q, scale=0.04, v_dim=512,
                                                              cluster=cluster, splits=splits, epilogue=epilogue,
                                                              balance=balance))
@@ -695,9 +737,11 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
         merged = [mosaic_gpu.combine_splits(a, b, ctx_lens, num_q=num_q, balance=balance)
                   for a, b in ((o, lse), (o_ref, lse_ref))]
         assert_close(*merged, TOL[jnp.bfloat16], "merged runs")
-    np.testing.assert_array_equal(np.isinf(np.asarray(lse)), np.isinf(np.asarray(lse_ref)))
-    seen = np.isfinite(np.asarray(lse_ref))
-    np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(lse_ref)[seen], atol=1e-3)
+    assert lse.shape == lse_ref.shape == (o.shape[0], -(-rows // 64) * 64)
+    lse, lse_ref = np.asarray(lse)[:, :rows], np.asarray(lse_ref)[:, :rows]    # past R: no row's
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(lse_ref))
+    seen = np.isfinite(lse_ref)
+    np.testing.assert_allclose(lse[seen], lse_ref[seen], atol=1e-3)
 
 
 _COMPILE_KERNEL = """

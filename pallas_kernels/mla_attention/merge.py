@@ -142,7 +142,7 @@ def form_for(parts: int) -> str:
 def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: int, balance: bool = False,
                  form: str | None = None, kc: int | None = None, warps: int | None = None,
                  br: int | None = None):
-    """O [W, R, v] (any float dtype), lse2 [W, R] float32: the parts of
+    """O [W, R, v] (any float dtype), lse2 [W, >= R] float32 (the first R rows read): the parts of
     `mosaic_gpu.context_attention(splits=W / S, balance)` for contexts ctx_lens [S] int32 and num_q
     tree tokens -> O [S, R, v] out_dtype, stream s's parts (W / S from s * W / S, or with balance
     by runs.run_schedule) merged by log-sum-exp in float32 (zeros where no part saw a key);
@@ -166,8 +166,8 @@ def merge_splits(o, lse, ctx_lens, out_dtype=jnp.float32, out=None, *, num_q: in
     kc = STEP[form][0] if kc is None else kc
     if kc < 1 or kc & (kc - 1):
         raise ValueError(f"kc must be a power of two, got {kc}")
-    if lse.shape != (width, rows) or lse.dtype != jnp.float32:
-        raise ValueError(f"lse: expected float32 {(width, rows)}, got {lse.dtype} {lse.shape}")
+    if lse.ndim != 2 or lse.shape[0] != width or lse.shape[1] < rows or lse.dtype != jnp.float32:
+        raise ValueError(f"lse: expected float32 [{width}, >= {rows}], got {lse.dtype} {lse.shape}")
     if rows % BR or v % 32:
         raise ValueError(f"o: rows ({rows}) must be a multiple of {BR} and v ({v}) of 32")
     if br < BR or br & (br - 1) or rows % br:

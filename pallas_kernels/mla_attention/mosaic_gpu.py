@@ -70,6 +70,7 @@ from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, part_order, part_r
                                                stream_order, tail_counts, total_pairs)
 
 BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
+ROW_ALIGN = 8       # query rows a multiple of this (TMA's (8, 64) tiles; the merge's 8-row programs)
 _SMEM = 232448      # bytes of shared memory a Hopper CTA may use
 EPILOGUES = ("tma", "registers")   # how the consumers write O (context_attention(epilogue=))
 PROFILE_RANGES = 16  # phase entries the profiler may record per warpgroup (context_attention(profile_dir=))
@@ -101,7 +102,13 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     over tail key 128 * pairs[s] + t (t < 64 * tail_tiles[s]) where bit t % 32 of
     tail_bits[s, t // 32, r] is set. O is normalised by the row sum, lse2 =
     log2 of the sum of exp2(scale * log2(e) * q.k) (-inf and O = 0 where a row sees no key).
-    R a multiple of 64 * cluster; W >= 4 * ceil(max(tail_tiles) / 2); set bits name keys below N
+    R a multiple of ROW_ALIGN (8) whose ceil(R / 64) row blocks make whole clusters; the last block
+    may be partial (the tensor TMA of Q and O reads zeros for its missing rows and clips their
+    stores; the "registers" epilogue needs R % 64 == 0); tail_bits and lse2 have R64 = ceil(R /
+    64) * 64 rows (tail_bits zero past R; lse2 past R belongs to no row: lse2's [64] row slice is
+    stored by Mosaic GPU's plain bulk copy, which is clipped only at the end of the whole array,
+    so an [S, R] lse2 would take a partial block's extra rows into the next stream's first).
+    W >= 4 * ceil(max(tail_tiles) / 2); set bits name keys below N
     only (the tail's last tile may reach past N: TMA reads zeros there). Keys the bits leave out
     must still hold finite values (the kernel multiplies them by probability 0). The tail walks
     ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: not
@@ -114,7 +121,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     the CTAs are shared out among the streams in proportion to the pairs each walks (balance
     True: `runs.run_schedule` and `runs.run_of`; splits runs each when the contexts are equal);
     each stream's runs by `run_bounds` (the remainder to the last runs, which hold the tail). It
-    returns each run's part: (O [W, R, v_dim] in q.dtype, lse2 [W, R] float32), part f for CTA
+    returns each run's part: (O [W, R, v_dim] in q.dtype, lse2 [W, R64] float32), part f for CTA
     f's run (a run of no pairs, where a stream has fewer pairs than runs, gives O = 0, lse2 =
     -inf). On the H200 (BENCHMARKS.md, issue 5, session 32) balance cuts the kernel's time at 16k
     decode S 16 with spread contexts from 132.1 to 89.2 us and costs 0.6-1.6 us at equal ones
@@ -142,15 +149,22 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
 
     num_s, rows, dk = q.shape
     half = v_dim // 2
-    if (why := supported(dk, v_dim, q.dtype)) or rows % (BLOCK_Q * cluster):
-        raise ValueError(f"context_attention: {why or f'rows={rows} not a multiple of {BLOCK_Q * cluster}'}")
+    blocks = -(-rows // BLOCK_Q)            # the last may be partial: TMA reads zeros past R, clips stores
+    if why := supported(dk, v_dim, q.dtype):
+        raise ValueError(f"context_attention: {why}")
+    if rows % ROW_ALIGN or blocks % cluster:
+        raise ValueError(f"context_attention: rows={rows} must be a multiple of {ROW_ALIGN} in a whole number "
+                         f"of clusters of {cluster} {BLOCK_Q}-row blocks")
     if splits < 1:
         raise ValueError(f"context_attention: splits must be >= 1; got {splits}")
     if epilogue not in EPILOGUES:
         raise ValueError(f"context_attention: epilogue must be one of {EPILOGUES}; got {epilogue!r}")
-    if tail_bits.shape[0] != num_s or tail_bits.shape[2] != rows or tail_bits.shape[1] % 4:
-        raise ValueError(f"context_attention: tail_bits must be [S={num_s}, 4k, R={rows}] int32; "
-                         f"got {tail_bits.shape}")
+    if epilogue == "registers" and rows % BLOCK_Q:
+        raise ValueError(f"context_attention: the registers epilogue needs rows={rows} a multiple of {BLOCK_Q} "
+                         f"(its stores are not clipped)")
+    if tail_bits.shape[0] != num_s or tail_bits.shape[2] != blocks * BLOCK_Q or tail_bits.shape[1] % 4:
+        raise ValueError(f"context_attention: tail_bits must be [S={num_s}, 4k, {blocks * BLOCK_Q}] int32 (R={rows} "
+                         f"rounded up to {BLOCK_Q}); got {tail_bits.shape}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
     # plmg.load of an indexed ref: jax 0.10 requires an index argument, jax 0.11 deprecates it
@@ -158,7 +172,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     load = (lambda ref, **kw: plmg.load(ref, (), **kw)) if index_required else plmg.load
 
     longest_first = balance and splits == 1 and num_s > 1
-    parts_first = balance and splits > 1 and rows // BLOCK_Q * num_s * splits > FILL_CTAS
+    parts_first = balance and splits > 1 and blocks * num_s * splits > FILL_CTAS
 
     def body(q_ref, kv_ref, ctx_ref, bits_ref, *refs, q_space, k_smem, p_smem, stat_smem, slot_smem, q_bar,
              k_full, k_free, p_ready, l_bar, done=None):
@@ -419,25 +433,25 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
         mesh = dict(cluster=(cluster,), cluster_names=("cluster",))
     if splits == 1:
         out_type = (jax.ShapeDtypeStruct((num_s, rows, v_dim), q.dtype),
-                    jax.ShapeDtypeStruct((num_s, rows), jnp.float32))
+                    jax.ShapeDtypeStruct((num_s, blocks * BLOCK_Q), jnp.float32))
         # Mosaic GPU launches the last grid axis fastest: every stream's row block 0 first, or
         # (longest_first) all row blocks of the longest stream first.
-        grid, grid_names = (rows // BLOCK_Q // cluster, num_s), ("rows", "stream")
+        grid, grid_names = (blocks // cluster, num_s), ("rows", "stream")
         if longest_first:
             grid, grid_names = grid[::-1], grid_names[::-1]
     else:
         out_type = (jax.ShapeDtypeStruct((num_s * splits, rows, v_dim), q.dtype),
-                    jax.ShapeDtypeStruct((num_s * splits, rows), jnp.float32))
+                    jax.ShapeDtypeStruct((num_s * splits, blocks * BLOCK_Q), jnp.float32))
         # Within one wave every part's row blocks run together; past one, each part's row blocks
         # are launched together (the rows axis last), so that a wave reads few runs' keys, each
         # from L2 for all its row blocks: by their runs' pairs, most first, with balance.
-        grid, grid_names = (rows // BLOCK_Q // cluster, num_s, splits), ("rows", "stream", "split")
+        grid, grid_names = (blocks // cluster, num_s, splits), ("rows", "stream", "split")
         if parts_first:
-            grid, grid_names = (num_s * splits, rows // BLOCK_Q // cluster), ("part", "rows")
-        elif rows // BLOCK_Q * num_s * splits > FILL_CTAS:
-            grid, grid_names = (num_s, splits, rows // BLOCK_Q // cluster), ("stream", "split", "rows")
+            grid, grid_names = (num_s * splits, blocks // cluster), ("part", "rows")
+        elif blocks * num_s * splits > FILL_CTAS:
+            grid, grid_names = (num_s, splits, blocks // cluster), ("stream", "split", "rows")
     if timeline:
-        out_type += (jax.ShapeDtypeStruct((num_s, rows // BLOCK_Q, splits, len(TIMELINE)), jnp.int32),)
+        out_type += (jax.ShapeDtypeStruct((num_s, blocks, splits, len(TIMELINE)), jnp.int32),)
     kernel = plmg.kernel(
         body,
         out_type=out_type,
@@ -474,7 +488,8 @@ def context_attention_xla(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: floa
     """Pure-JAX twin of `context_attention` (same contract), for the CPU tests of the parts
     around the kernel."""
     del cluster
-    num_s = q.shape[0]
+    num_s, rows = q.shape[:2]
+    tail_bits = tail_bits[..., :rows]           # the kernel's rows rounded up to 64: the real ones
     pairs, tail_tiles = tail_counts(ctx_lens.astype(jnp.int32), num_q)
     c = scale * math.log2(math.e)
     keys = jnp.arange(kv.shape[1])
@@ -496,15 +511,18 @@ def context_attention_xla(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: floa
     p = jnp.exp2(sk - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
     l = p.sum(axis=-1)
     o = jnp.einsum("prn,pnv->prv", p, vals[stream]) / jnp.where(l > 0, l, 1.0)[..., None]
-    return o.astype(q.dtype), m + jnp.log2(l)
+    lse = m + jnp.log2(l)
+    return o.astype(q.dtype), jnp.pad(lse, ((0, 0), (0, -rows % BLOCK_Q)), constant_values=-jnp.inf)
 
 
 def combine_splits(o, lse, ctx_lens, *, num_q: int, balance: bool = False):
     """The parts of `context_attention(..., splits > 1, balance)` for contexts ctx_lens [S] and
-    num_q tree tokens, O [W, R, v] (any float dtype) and lse2 [W, R] float32, merged per stream
+    num_q tree tokens, O [W, R, v] (any float dtype) and lse2 [W, >= R] float32 (its first R
+    rows taken), merged per stream
     (its parts by `runs.part_runs`) by their log-sum-exp in float32 -> O [S, R, v] float32 (zeros
     where no part saw a key)."""
     num_s = ctx_lens.shape[0]
+    lse = lse[:, :o.shape[1]]
     stream, _, _ = part_runs(ctx_lens, num_q, o.shape[0], balance)
     member = stream[None, :] == jnp.arange(num_s)[:, None]                              # [S, W]
     lse_s = jnp.where(member[:, :, None], lse[None], -jnp.inf)                          # [S, W, R]
@@ -516,8 +534,9 @@ def combine_splits(o, lse, ctx_lens, *, num_q: int, balance: bool = False):
 
 
 def cluster_size(rows: int) -> int:
-    """CTAs per cluster: two when the row blocks pair up (1-15% faster on the H200 at ctx 8k-32k)."""
-    return 2 if rows % (2 * BLOCK_Q) == 0 else 1
+    """CTAs per cluster: two when the ceil(rows / 64) row blocks pair up (1-15% faster on the H200
+    at ctx 8k-32k)."""
+    return 2 if -(-rows // BLOCK_Q) % 2 == 0 else 1
 
 
 FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA fills an SM's shared memory
@@ -602,16 +621,21 @@ def tail_words(ctx_lens, node_mask, num_q: int):
 def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=None):
     """mla_attention_mosaic's XLA work before the kernel: q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]),
     kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> context_attention's operands: q rows
-    [S, R, Dk] with R = Q * H rounded up to BLOCK_Q, kv with N rounded up to a multiple of 8 and at
-    least PAIR, ctx_lens [S] int32, tail_bits [S, W, R] int32 (`tail_words` per row;
-    zero for padded rows)."""
+    [S, R, Dk] with R = Q * H rounded up to ROW_ALIGN (no copy when H % 8 == 0: the kernel's last
+    row block may be partial), kv with N rounded up to a multiple of 8 and at least PAIR, ctx_lens
+    [S] int32, tail_bits [S, W, ceil(R / 64) * 64] int32 (`tail_words` per row; zero past Q * H)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     num_s, a, b, dk = q.shape
     num_q = b if heads_first else a
     rows = a * b
+    # Rows to a multiple of 8 only: a Q * H off a multiple of 64 (8 heads per GPU, Q = budget + 1)
+    # padded to 64 cost a copy in and a slice out, 4-14 us per call on the H200 (BENCHMARKS.md,
+    # issue 5, session 36).
+    aligned = -(-rows // ROW_ALIGN) * ROW_ALIGN
+    q_rows = q.reshape(num_s, rows, dk)
+    q_pad = jnp.pad(q_rows, ((0, 0), (0, aligned - rows), (0, 0))) if aligned > rows else q_rows
     padded = -(-rows // BLOCK_Q) * BLOCK_Q
-    q_pad = jnp.pad(q.reshape(num_s, rows, dk), ((0, 0), (0, padded - rows), (0, 0)))
     ctx_lens = ctx_lens.astype(jnp.int32)
     # TMA reads the cache in (8, 64) tiles and the kernel's first step names keys 0 .. 127: a slot
     # count off a multiple of 8 (model.aligned_slots), or below 128, costs one padded copy.
@@ -622,7 +646,7 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     # or repeated along the rows (a broadcast, no gather); padded rows see no tail key.
     words = words.swapaxes(1, 2)                                                       # [S, W, Q]
     per_row = jnp.tile(words, (1, 1, a)) if heads_first else jnp.repeat(words, b, axis=2)
-    tail_bits = jnp.pad(per_row, ((0, 0), (0, 0), (0, padded - rows)))                 # [S, W, R]
+    tail_bits = jnp.pad(per_row, ((0, 0), (0, 0), (0, padded - rows)))                 # [S, W, R64]
     return q_pad, kv_k, ctx_lens, tail_bits
 
 
@@ -639,8 +663,9 @@ def launch(q_pad, kv_k, *, splits: int | None = None, balance: bool = False) -> 
     num_s, rows = q_pad.shape[:2]
     cluster = cluster_size(rows)
     if splits is None:
-        ctas = num_s * rows // BLOCK_Q
-        splits = split_count(num_s, rows // BLOCK_Q, kv_k.shape[1])
+        blocks = -(-rows // BLOCK_Q)
+        ctas = num_s * blocks
+        splits = split_count(num_s, blocks, kv_k.shape[1])
         if balance and num_s > 1 and splits == 1 and ctas <= FILL_CTAS and kv_k.shape[1] > PAIR:
             splits = 2
     return cluster, splits
