@@ -232,7 +232,7 @@ def _load_experts(reader: TensorReader, cfg: ModelConfig, layer: int, prefix: st
         names, prepare = ("gate", "up", "down"), moe.prepare_experts_bf16
     else:
         names = tuple(s + k for s, _ in _PROJS for k in ("_packed", "_scale"))
-        prepare = moe.prepare_experts_int4
+        prepare = functools.partial(moe.prepare_experts_int4, scale_dtype=jnp.dtype(cfg.quant.scale_dtype))
     if mesh is None:
         return prepare(*(stacks[n] for n in names))
     return sharding.place_experts(prepare, [stacks[n] for n in names],
@@ -240,14 +240,18 @@ def _load_experts(reader: TensorReader, cfg: ModelConfig, layer: int, prefix: st
 
 
 def load_target(path: str | os.PathLike, dtype=jnp.bfloat16, *,
-                mesh: jax.sharding.Mesh | None = None) -> tuple[ModelConfig, dict]:
+                mesh: jax.sharding.Mesh | None = None,
+                scale_dtype: str = "bfloat16") -> tuple[ModelConfig, dict]:
     """HF directory (config.json + safetensors) -> (ModelConfig, params), params exactly as
     `init_target(cfg, key, dtype)` lays them out. Raises ConfigError / CheckpointError naming the
     field or tensor at fault; names, shapes, dtypes and weight_shape values are all checked
     before any weight is read. With `mesh`, each tensor is placed in its shards by the sharding
-    rules as it is read (a device receives only its slice)."""
+    rules as it is read (a device receives only its slice). scale_dtype: the int4 experts' group
+    scales on the device (QuantConfig.scale_dtype; "float16" raises ValueError on a scale that
+    would not convert exactly)."""
     path = os.fspath(path)
     cfg, text = _read_config(path)
+    cfg = dataclasses.replace(cfg, quant=dataclasses.replace(cfg.quant, scale_dtype=scale_dtype))
     nextn = int(text.get("num_nextn_predict_layers") or 0)
     specs = _all_specs(cfg)
     with TensorReader(path) as reader:
@@ -318,7 +322,7 @@ def _hf_tensors(cfg: ModelConfig, params, prefix: str):
                     yield base + "weight", hf[short][j]
                 else:
                     yield base + "weight_packed", hf[short + "_packed"][j]
-                    yield base + "weight_scale", hf[short + "_scale"][j]
+                    yield base + "weight_scale", hf[short + "_scale"][j].astype(jnp.bfloat16)  # exact
                     yield base + "weight_shape", np.array(_expert_shapes(cfg)[short], np.int64)
 
 

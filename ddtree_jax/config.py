@@ -56,10 +56,13 @@ class RopeScaling:
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
     """Routed-expert weight format: "bf16" (dense) or "int4" (compressed-tensors pack-quantized,
-    symmetric, `group_size` along the input dimension)."""
+    symmetric, `group_size` along the input dimension). scale_dtype: the dtype int4 group scales
+    are kept in on the device, "bfloat16" (as stored) or "float16" (the same values, converted
+    exactly; the Pallas MoE kernels then multiply in float16: BENCHMARKS.md, issue 4, session 38)."""
 
     format: str = "bf16"
     group_size: int = 32
+    scale_dtype: str = "bfloat16"
 
     def __post_init__(self):
         _require(self.format in ("bf16", "int4"),
@@ -67,6 +70,8 @@ class QuantConfig:
         _require_int("quant.group_size", self.group_size, 1)
         _require(self.group_size in (32,) or self.format == "bf16",
                  f"quant.group_size: only 32 is supported for int4, got {self.group_size}")
+        _require(self.scale_dtype in ("bfloat16", "float16"),
+                 f"quant.scale_dtype must be 'bfloat16' or 'float16', got {self.scale_dtype!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -196,7 +196,8 @@ def init_experts(cfg: ModelConfig, key, dtype=jnp.float32):
         scale = (_INIT_STD / 4.6) * jax.random.uniform(ks, (e, n, kk // g), jnp.float32, 0.5, 1.5)
         return packed, scale.astype(jnp.bfloat16)
 
-    return moe_kernels.prepare_experts_int4(*q(kg, i, d), *q(ku, i, d), *q(kd, d, i))
+    return moe_kernels.prepare_experts_int4(*q(kg, i, d), *q(ku, i, d), *q(kd, d, i),
+                                            scale_dtype=jnp.dtype(cfg.quant.scale_dtype))
 
 
 def _scatter_new(kv, lengths, new):

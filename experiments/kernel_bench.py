@@ -9,7 +9,8 @@ the float64 numpy golden on two check tokens before timing it; times the pallas_
 triton kernels, the "xla" path, dequantise-then-ragged_dot and the bf16-weights path. Prints a
 table last and writes moe.json / moe.md under --out_dir. --trace adds each timed implementation's
 device-busy time per call and its kernels from a profiler trace (the wall-clock time of small calls
-can be mostly host dispatch).
+can be mostly host dispatch). --scale_dtype=float16 keeps the experts' scales in float16 (the same
+values), so the Pallas kernels multiply in float16 (pallas_triton.f16_compute).
 
 --impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
 split_k) on top of the tuned config per T, each checked against the golden before timing; and
@@ -42,6 +43,8 @@ flags.DEFINE_integer("experts", 384, "E")
 flags.DEFINE_integer("hidden", 7168, "d")
 flags.DEFINE_integer("inter", 2048, "I")
 flags.DEFINE_integer("topk", 8, "k")
+flags.DEFINE_enum("scale_dtype", "bfloat16", ["bfloat16", "float16"], "the INT4 experts' group scales "
+                  "(float16: the Pallas kernels multiply in float16, bf16 activations scaled per row)")
 flags.DEFINE_bool("sweep", True, "time the pallas_triton config sweep (else the tuned table only)")
 flags.DEFINE_float("min_time_s", 0.15, "time budget per measurement")
 flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "
@@ -129,7 +132,7 @@ def _variant_cfgs(t: int, sets: list[dict] | None = None) -> list:
 def _cfg_name(c) -> str:
     """pallas_triton(bm, bn_up, bn_down, warps, stages, dequant[, options that are on])."""
     on = [f"{f}={getattr(c, f)}" for f in ("scale_weights", "swap_ab", "split_k", "down_warps",
-                                           "down_stages", "cols_first", "min_bm")
+                                           "down_stages", "cols_first", "min_bm", "f16")
           if getattr(c, f) != type(c)._field_defaults[f]]
     return f"pallas_triton{tuple(c)[:6] + tuple(on)}"
 
@@ -185,7 +188,7 @@ def bench_moe() -> dict:
         experts[f"{name}_qweight"] = jax.lax.bitcast_convert_type(
             jax.random.bits(keys[2 * j], (e, kk // 8, n), jnp.uint32), jnp.int32)
         experts[f"{name}_qscale"] = (jax.random.uniform(keys[2 * j + 1], (e, kk // 32, n), minval=0.004,
-                                                        maxval=0.01)).astype(jnp.bfloat16)
+                                                        maxval=0.01)).astype(jnp.bfloat16).astype(FLAGS.scale_dtype)
     expert_bytes = 3 * d * i * (0.5 + 2 / 32)
     # Golden weights for the check tokens' experts (float64 from the HF layout, the math).
     _, _, fixed = _routings(keys[6], 2, e, k, 1)
@@ -299,7 +302,8 @@ def bench_moe() -> dict:
                 row["bytes"] = row["active_experts"] * 3 * d * i * 2 + 4 * row["T"] * d
                 row["GBps"] = row["bytes"] / row["time_us"] / 1e3
                 row["pct_copy"] = 100 * row["bytes"] / (row["time_us"] * 1e-6) / bw
-    return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0])}
+    return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0]),
+            "scale_dtype": FLAGS.scale_dtype}
 
 
 def _time_parts(t, e, k, xs, ids_all, w_all, ex) -> list:

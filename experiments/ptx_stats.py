@@ -313,16 +313,18 @@ def dump_mla_merge(parts, streams, forms=("auto",), *, rows=64, v_dim=512, out_d
     return manifest
 
 
-def dump_moe(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk=8, out_dir) -> list[dict]:
-    """Lower the INT4 MoE kernels (gate_up, down) per (T, option set) and write their TTIR."""
+def dump_moe(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk=8, out_dir,
+             scale_dtype="bfloat16") -> list[dict]:
+    """Lower the INT4 MoE kernels (gate_up, down) per (T, option set) and write their TTIR; bf16
+    activations, the experts' scales in scale_dtype (float16: the kernels multiply in float16)."""
     import jax
     import jax.numpy as jnp
 
     from pallas_kernels.moe import pallas_triton, tuning
 
-    def spec(k, n):   # kernel layout: qweight [E, K/8, N] int32, qscale [E, K/32, N] bf16
+    def spec(k, n):   # kernel layout: qweight [E, K/8, N] int32, qscale [E, K/32, N]
         return (jax.ShapeDtypeStruct((experts, k // 8, n), jnp.int32),
-                jax.ShapeDtypeStruct((experts, k // 32, n), jnp.bfloat16))
+                jax.ShapeDtypeStruct((experts, k // 32, n), jnp.dtype(scale_dtype)))
 
     ex = {}
     for name, (k, n) in {"gate": (hidden, inter), "up": (hidden, inter), "down": (inter, hidden)}.items():
@@ -374,7 +376,8 @@ def main(_):
             head = (f"{f.kernel}, shipped pair's shapes, sm_90a", "S")
         else:
             from experiments.kernel_bench import parse_variants
-            manifest = dump_moe([int(x) for x in f.moe_tokens], parse_variants(f.moe_variants), out_dir=d)
+            manifest = dump_moe([int(x) for x in f.moe_tokens], parse_variants(f.moe_variants), out_dir=d,
+                                scale_dtype=f.moe_scale_dtype)
             head = ("INT4 MoE, K2 layer (E=384, d=7168, I=2048, top-8), sm_90a", "T")
         json.dump(manifest, open(f"{d}/manifest.json", "w"))
         out = subprocess.run([f.triton_python, os.path.abspath(__file__), "--compile_worker",
@@ -418,6 +421,8 @@ if __name__ == "__main__":
         flags.DEFINE_integer("dk", 576, "mla: latent width (kv_lora + rope)")
         flags.DEFINE_integer("v_dim", 512, "mla: value width (kv_lora)")
         flags.DEFINE_list("moe_tokens", ["16", "64", "256"], "moe: token counts T (each uses its tuned config)")
+        flags.DEFINE_enum("moe_scale_dtype", "bfloat16", ["bfloat16", "float16"],
+                          "moe: the experts' scales (float16: the kernels multiply in float16)")
         flags.DEFINE_string("moe_variants", "", "moe: option sets on top of the tuned config, as "
                             "kernel_bench.py --variants ('f=v,f=v;f=v')")
         flags.DEFINE_list("drafter_dims", ["1", "16", "4", "1", "64"],

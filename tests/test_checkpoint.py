@@ -1,5 +1,6 @@
 """HF safetensors and Orbax checkpoints of the target: round trips, layouts, and bad input."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -147,6 +148,24 @@ def test_bf16_params_round_trip(tmp_path):
     cfg2, params2 = load_target(tmp_path)  # default dtype: bfloat16
     _assert_like_init(cfg, params2, jnp.bfloat16)
     _assert_identical(params, params2)
+
+
+def test_int4_scales_load_as_float16(saved, tmp_path):
+    """load_target(scale_dtype="float16"): the experts' scales on the device in float16 holding the
+    bf16 values exactly (float32 logits unchanged, bit for bit), and saving writes the same bf16
+    tensors back."""
+    cfg, params, logits = _model("int4")
+    cfg16, params16 = load_target(saved("int4"), dtype=jnp.float32, scale_dtype="float16")
+    assert cfg16 == dataclasses.replace(cfg, quant=QuantConfig("int4", 32, "float16"))
+    _assert_like_init(cfg16, params16, jnp.float32)
+    experts = params16["layers_1"]["mlp"]["experts"]
+    assert {experts[k].dtype for k in experts if k.endswith("qscale")} == {jnp.dtype(jnp.float16)}
+    np.testing.assert_array_equal(np.asarray(target_logits(params16, cfg16, TOKENS)), logits)
+    save_target_hf(tmp_path, cfg16, params16)
+    a, b = (load_file(p / "model.safetensors") for p in (saved("int4"), tmp_path))
+    assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+    with pytest.raises(ConfigError, match="quant.scale_dtype must be"):
+        load_target(saved("int4"), scale_dtype="float32")
 
 
 def test_float32_checkpoint_loads_as_bf16(saved):

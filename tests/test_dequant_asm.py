@@ -1,9 +1,9 @@
 """The INT4 dequantisation PTX (pallas_kernels.moe.dequant, GPU-only "asm" route) run on the CPU by
 a small interpreter of the instructions it uses, against the nibble arithmetic it replaces.
 
-Operand convention of `elementwise_inline_asm(..., pack=2)`: $0 is the output register (two bf16,
-the first element in the low half), $1 and $2 the two neighbouring int32 words, $3 the bf16x2
-scales (scaled variant).
+Operand convention of `elementwise_inline_asm(..., pack=2)`: $0 is the output register (two bf16
+or float16, the first element in the low half), $1 and $2 the two neighbouring int32 words, $3
+the x2 scales (scaled variants).
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pallas_kernels.moe.dequant import ASM, ASM_SCALED
+from pallas_kernels.moe.dequant import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
 from tests.kernel_testing import fresh_rng
 
 BF16 = ml_dtypes.bfloat16
 M32 = 0xFFFFFFFF
 
 
-def _halves(x: int) -> np.ndarray:
-    return np.array([x & 0xFFFF, x >> 16], np.uint16).view(BF16).astype(np.float64)
+def _halves(x: int, dtype=BF16) -> np.ndarray:
+    return np.array([x & 0xFFFF, x >> 16], np.uint16).view(dtype).astype(np.float64)
 
 
-def _pack(v: np.ndarray) -> int:
-    lo, hi = v.astype(BF16).view(np.uint16).astype(int)   # float64 -> bf16: one RNE rounding
+def _pack(v: np.ndarray, dtype=BF16) -> int:
+    lo, hi = v.astype(dtype).view(np.uint16).astype(int)   # float64 -> 16 bits: one RNE rounding
     return int(lo) | int(hi) << 16
 
 
@@ -55,9 +55,11 @@ def run_ptx(src: str, args: list[int]) -> int:
             for bit in range(32):
                 idx = (a >> bit & 1) << 2 | (b >> bit & 1) << 1 | (c >> bit & 1)
                 out |= (lut >> idx & 1) << bit
-        elif op == "fma.rn.bf16x2":   # exact a*b+c in float64 (bf16 operands), one rounding
-            a, b, c = (_halves(val(t)) for t in ops)
-            out = _pack(a * b + c)
+        elif op in ("fma.rn.bf16x2", "fma.rn.f16x2", "add.rn.f16x2", "mul.rn.f16x2"):
+            # exact in float64 (16-bit operands), one rounding
+            dt = BF16 if op.endswith("bf16x2") else np.float16
+            a, b, *c = (_halves(val(t), dt) for t in ops)
+            out = _pack({"fma": lambda: a * b + c[0], "add": lambda: a + b, "mul": lambda: a * b}[op[:3]](), dt)
         else:
             raise AssertionError(f"instruction not modelled: {op}")
         assert re.fullmatch(r"\$0|[a-z]+", d), d
@@ -76,6 +78,22 @@ def test_plane_asm_matches_nibbles(j):
         np.testing.assert_array_equal(got, np.array(nib, np.float64))
         got_s = _halves(run_ptx(ASM_SCALED[j], [int(w0), int(w1), _pack(s.astype(np.float64))]))
         want = (np.array(nib, np.float64) * s.astype(np.float64)).astype(BF16).astype(np.float64)
+        np.testing.assert_array_equal(got_s, want)
+
+
+@pytest.mark.parametrize("j", range(8))
+def test_plane_asm_f16_matches_nibbles(j):
+    """float16: n - 8 exactly (odd planes unshifted: (1024 + 16 n) / 16 - 72), times s rounded once."""
+    rng = fresh_rng()
+    words = rng.integers(-2**31, 2**31, size=(64, 2), dtype=np.int64)
+    words[0] = (0x88888888 - 2**32, 0x77777777)      # n = 8 (zero) and n = 7 in every plane
+    scales = (rng.standard_normal((64, 2)) * 0.01).astype(np.float16)
+    for (w0, w1), s in zip(words, scales):
+        nib = np.array([((int(w) & M32) >> 4 * j & 0xF) - 8 for w in (w0, w1)], np.float64)
+        np.testing.assert_array_equal(_halves(run_ptx(ASM_F16[j], [int(w0), int(w1)]), np.float16), nib)
+        got_s = _halves(run_ptx(ASM_F16_SCALED[j], [int(w0), int(w1), _pack(s.astype(np.float64), np.float16)]),
+                        np.float16)
+        want = (nib * s.astype(np.float64)).astype(np.float16).astype(np.float64)
         np.testing.assert_array_equal(got_s, want)
 
 

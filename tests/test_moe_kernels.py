@@ -3,7 +3,10 @@
 Tolerances (relative Frobenius error vs the float64 golden on the same dequantised weights):
 float32 activations 1e-5 (measured 2-5e-7: xla and the Pallas kernels use the same f32 math);
 bf16 activations 6e-3 (x and the SiLU(gate)*up intermediate are rounded to bf16: measured up to
-3.4e-3 here over fresh seeds, 2.3-3.3e-3 for the compiled kernels on the H200).
+3.4e-3 here over fresh seeds, 2.3-3.3e-3 for the compiled kernels on the H200). INT4 experts with
+float16 scales, where pallas_triton multiplies in float16: F16_TOL per row, 1e-3 with float16
+activations and output, 3e-3 with bf16 ones (the bf16 output's own rounding is ~1.1e-3 rms; the
+compiled kernels on the H200 measured 1.7e-3 at the K2 shape).
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import numpy as np
 import pytest
 
 from pallas_kernels import moe
-from pallas_kernels.moe import int4
+from pallas_kernels.moe import int4, pallas_triton, tuning
 from pallas_kernels.moe.reference import dequantize_int4_golden, moe_experts_golden
 from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 6e-3}
+F16_TOL = {jnp.float16: 1e-3, jnp.bfloat16: 3e-3}
 
 
 def _int4_experts(rng, e, d, i):
@@ -68,6 +72,76 @@ def test_moe_experts_matches_golden(impl, case):
     assert out.shape == (t, d) and out.dtype == dtype
     ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
     assert_close(out, ref, TOL[dtype], f"{impl} {case}")
+
+
+@pytest.mark.parametrize("impl", runnable_impls("moe_experts"))
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_f16_scales_match_golden(impl, dtype):
+    """INT4 experts with float16 scales (the bf16 scales' values, converted exactly) and rows of
+    activations 1e-6 to 1e6 in size (bf16; float16: 0.03 to 3): pallas_triton multiplies in
+    float16, each row scaled into float16's range by a power of two and back, so no row overflows
+    or flushes; each row's error against the float64 golden within F16_TOL (the others: TOL)."""
+    t, k, e, d, i = 9, 2, 5, 288, 96
+    rng = fresh_rng()
+    hf = [moe.quantize_int4(rng.standard_normal(s).astype(np.float32) * 0.5)
+          for s in ((e, i, d), (e, i, d), (e, d, i))]
+    experts = moe.prepare_experts_int4(*hf[0], *hf[1], *hf[2], scale_dtype=jnp.float16)
+    assert all(experts[f"{n}_qscale"].dtype == jnp.float16 for n in ("gate", "up", "down"))
+    g, u, dn = (dequantize_int4_golden(p, sc) for p, sc in hf)
+    ids, w = _routing(rng, "random", t, k, e)
+    lo, hi = (-6, 6) if dtype == jnp.bfloat16 else (-1.5, 0.5)   # float16: xla's h must not overflow
+    x = jnp.asarray(rng.standard_normal((t, d)) * 10.0 ** np.linspace(lo, hi, t)[:, None], dtype)
+    out = moe.moe_experts(x, jnp.asarray(ids), jnp.asarray(w), experts, impl=impl)
+    assert out.dtype == dtype
+    with np.errstate(over="ignore"):             # SiLU's exp(-g) of g ~ -1e7: h = -0
+        ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
+    runs = [("table", out, F16_TOL[dtype] if impl == "pallas_triton" else TOL[jnp.bfloat16])]
+    if impl == "pallas_triton":   # the large-T entry too (32-row blocks, 16-row bodies), split K, f16 off
+        big = tuning.config(1 << 20)
+        for name, cfg, tol in (("bm32 min_bm16", big, F16_TOL[dtype]),
+                               ("split_k 2", big._replace(split_k=2), F16_TOL[dtype]),
+                               ("f16 off", big._replace(f16=False), TOL[jnp.bfloat16])):
+            runs.append((name, pallas_triton.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts,
+                                                                cfg=cfg), tol))
+    for name, o, tol in runs:
+        for r in range(t):
+            assert_close(o[r], ref[r], tol, f"{impl} {name} {jnp.dtype(dtype).name} row {r}")
+
+
+def test_to_f16_rows_is_exact_and_in_range():
+    """to_f16_rows: bf16 rows of any size (1e-30 .. 1e30, zeros) come back exactly as a16 * c with
+    c a power of two and the row's largest |a16| in [2^14, 2^15); rows `real` marks False -> 0, c 1."""
+    from pallas_kernels.moe.pallas_triton import to_f16_rows
+    rng = fresh_rng()
+    a = rng.standard_normal((6, 40)) * np.array([1e-30, 1e-3, 1.0, 7e4, 1e30, 0.0])[:, None]
+    a = jnp.asarray(a, jnp.bfloat16)
+    a16, c = to_f16_rows(a)
+    a64, c64 = np.asarray(a, np.float64), np.asarray(c, np.float64)
+    np.testing.assert_array_equal(np.asarray(a16, np.float64) * c64[:, None], a64)
+    top = np.abs(np.asarray(a16, np.float64))[:5].max(axis=1)
+    assert np.all((top >= 2 ** 14) & (top < 2 ** 15)) and c64[5] == 1.0
+    assert np.all(np.log2(c64) == np.round(np.log2(c64)))
+    a16, c = to_f16_rows(a, jnp.arange(6) % 2 == 0)
+    assert not np.asarray(a16[1::2], np.float64).any() and np.all(np.asarray(c[1::2]) == 1.0)
+
+
+def test_scale_dtypes_checked():
+    """float16 scales only where bf16 ones convert exactly; one dtype for all three qscales."""
+    rng = fresh_rng()
+    hf = [moe.quantize_int4(rng.standard_normal(s).astype(np.float32)) for s in ((2, 32, 64), (2, 32, 64),
+                                                                                 (2, 64, 32))]
+    with pytest.raises(ValueError, match=r"gate_scale: values outside float16's normal range"):
+        moe.prepare_experts_int4(hf[0][0], hf[0][1].at[1, 3, 0].set(1e-6), *hf[1], *hf[2],
+                                 scale_dtype=jnp.float16)
+    with pytest.raises(ValueError, match="scale_dtype must be bfloat16 or float16"):
+        moe.prepare_experts_int4(*hf[0], *hf[1], *hf[2], scale_dtype=jnp.float32)
+    experts = moe.prepare_experts_int4(*hf[0], *hf[1], *hf[2], scale_dtype=jnp.float16)
+    mixed = dict(experts, down_qscale=experts["down_qscale"].astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match="qscales must all be bfloat16 or all float16"):
+        moe.dims(mixed)
+    back = moe.experts_to_hf(experts)       # the float16 scales hold the bf16 values exactly
+    for n, (_, sc) in zip(("gate", "up", "down"), hf):
+        np.testing.assert_array_equal(np.asarray(back[f"{n}_scale"], np.float64), np.asarray(sc, np.float64))
 
 
 def test_dequantize_matches_golden_and_format():

@@ -3,7 +3,8 @@
 bf16 experts (`[in, out]`): {"gate_kernel" [E, d, I], "up_kernel" [E, d, I], "down_kernel" [E, I, d]}.
 int4 experts (kernel layout of `int4.py`): {"gate_qweight" int32 [E, dp/8, I], "gate_qscale" bf16
 [E, dp/32, I], "up_qweight", "up_qscale", "down_qweight" int32 [E, Ip/8, d], "down_qscale" bf16
-[E, Ip/32, d]} with dp, Ip the padded input dims. The keys tell the two apart; every leaf has the
+[E, Ip/32, d]} with dp, Ip the padded input dims; the three scales may instead all be float16
+(the Pallas kernels then multiply in float16). The keys tell the two apart; every leaf has the
 expert axis first, so the dict can be sharded over experts and saved with Orbax as it is.
 """
 
@@ -46,6 +47,9 @@ def dims(experts) -> Dims:
         if dw * 8 != int4.padded_k(d) or iw * 8 != int4.padded_k(i):
             raise ValueError(f"experts: packed input dims {dw * 8}, {iw * 8} are not d={d}, I={i} "
                              f"padded to {int4.KBLOCK}")
+        kinds = {k: jnp.dtype(experts[k].dtype).name for k in INT4_KEYS if k.endswith("qscale")}
+        if len(set(kinds.values())) != 1 or experts["gate_qscale"].dtype not in int4.SCALE_DTYPES:
+            raise ValueError(f"experts: the qscales must all be bfloat16 or all float16, got {kinds}")
         is_int4 = True
     else:
         raise ValueError(f"experts: keys {sorted(keys)} are neither {BF16_KEYS} nor {INT4_KEYS}")
@@ -67,9 +71,10 @@ def prepare_experts_bf16(gate, up, down) -> dict:
 
 
 def prepare_experts_int4(gate_packed, gate_scale, up_packed, up_scale, down_packed,
-                         down_scale) -> dict:
+                         down_scale, scale_dtype=jnp.bfloat16) -> dict:
     """compressed-tensors arrays (int32 [E, N, K/8], bf16 [E, N, K/32]; gate/up N=I K=d, down N=d
-    K=I) -> int4 experts dict in the kernel layout. Repacks one expert at a time on the device."""
+    K=I) -> int4 experts dict in the kernel layout, scales in scale_dtype (bfloat16 or float16,
+    `int4.to_kernel_layout`). Repacks one expert at a time on the device."""
     e, i, dw = gate_packed.shape
     if down_packed.shape != (e, dw * 8, i // 8):
         raise ValueError(f"down_packed: expected shape {(e, dw * 8, i // 8)}, got {down_packed.shape}")
@@ -79,7 +84,7 @@ def prepare_experts_int4(gate_packed, gate_scale, up_packed, up_scale, down_pack
     for name, p, s in (("gate", gate_packed, gate_scale), ("up", up_packed, up_scale),
                        ("down", down_packed, down_scale)):
         out[f"{name}_qweight"], out[f"{name}_qscale"] = int4.to_kernel_layout(
-            jnp.asarray(p), jnp.asarray(s), name)
+            jnp.asarray(p), jnp.asarray(s), name, scale_dtype)
     return out
 
 

@@ -5,7 +5,8 @@ holds 8 nibbles per word, lowest K index in the lowest nibble, value = nibble - 
 [..., N, K/32].
 
 Kernel layout (`[in, out]`, K padded to a multiple of KBLOCK=256 with zero weights and scales):
-`qweight` int32 [..., Kp/8, N], `qscale` bf16 [..., Kp/32, N]. Nibble j of word row `kb*32 + r`
+`qweight` int32 [..., Kp/8, N], `qscale` bf16 or float16 [..., Kp/32, N] (float16: the Pallas
+kernels multiply in float16, `pallas_triton.f16_compute`). Nibble j of word row `kb*32 + r`
 holds K index `kb*256 + j*32 + r`, so within one 256-wide K block nibble plane j is the whole
 32-row group `kb*8 + j`: a kernel turns each plane into one [32, N] bf16 slab and one K=32 dot,
 and applies that group's scale to the slab or to the dot output (`MoEConfig.scale_weights`).
@@ -19,6 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.checks import concrete
+
+SCALE_DTYPES = (jnp.bfloat16, jnp.float16)
 GROUP = 32
 KBLOCK = 256          # K block of the kernel layout: 8 nibble planes x 32 rows
 PLANE = KBLOCK // 8   # rows per nibble plane == GROUP
@@ -78,7 +82,7 @@ def dequantize_int4(packed, scale):
     return (q * scale.astype(jnp.float32)[..., None]).reshape(*packed.shape[:-1], -1)
 
 
-def _to_kernel_one(packed, scale):
+def _to_kernel_one(packed, scale, scale_dtype):
     """One matrix: HF (packed [N, K/8], scale [N, K/32]) -> (qweight [Kp/8, N], qscale [Kp/32, N])."""
     n, k = packed.shape[0], packed.shape[1] * 8
     kp = padded_k(k)
@@ -86,7 +90,7 @@ def _to_kernel_one(packed, scale):
     # [N, Kp] -> [Kp/256, r=32, N, j=8]: word (kb*32 + r, n) collects K index kb*256 + j*32 + r.
     nib = nib.reshape(n, kp // KBLOCK, 8, PLANE).transpose(1, 3, 0, 2)
     qweight = _pack(nib).reshape(kp // 8, n)
-    qscale = jnp.pad(scale.astype(jnp.bfloat16).T, ((0, (kp - k) // GROUP), (0, 0)))
+    qscale = jnp.pad(scale.astype(scale_dtype).T, ((0, (kp - k) // GROUP), (0, 0)))
     return qweight, qscale
 
 
@@ -107,16 +111,31 @@ def _check_hf_pair(packed, scale, name):
     _check_k(w * 8, f"{name}_packed")
 
 
-def to_kernel_layout(packed, scale, name: str = "w"):
+def check_f16_scales(scale, name: str = "w") -> None:
+    """Raise ValueError unless every nonzero scale is a float16 normal number (magnitude in
+    [2^-14, 65504]), where a bf16 scale converts to float16 exactly. Skipped under a trace."""
+    a = jnp.abs(jnp.asarray(scale).astype(jnp.float32))
+    bad = concrete(jnp.any((a != 0) & ((a < 2.0 ** -14) | (a > 65504))))
+    if bad is not None and bool(bad):
+        raise ValueError(f"{name}_scale: values outside float16's normal range [2^-14, 65504] would not "
+                         f"convert exactly; keep bfloat16 scales")
+
+
+def to_kernel_layout(packed, scale, name: str = "w", scale_dtype=jnp.bfloat16):
     """Stacked experts: (packed int32 [E, N, K/8], scale [E, N, K/32]) ->
-    (qweight int32 [E, Kp/8, N], qscale bf16 [E, Kp/32, N]); one expert at a time on the device."""
+    (qweight int32 [E, Kp/8, N], qscale scale_dtype [E, Kp/32, N]); one expert at a time on the
+    device. scale_dtype: bfloat16, or float16 (checked exact, `check_f16_scales`)."""
     _check_hf_pair(packed, scale, name)
-    return _to_kernel_stacked(packed, scale)
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"{name}: scale_dtype must be bfloat16 or float16, got {jnp.dtype(scale_dtype).name}")
+    if scale_dtype == jnp.float16:
+        check_f16_scales(scale, name)
+    return _to_kernel_stacked(packed, scale, jnp.dtype(scale_dtype))
 
 
-@jax.jit
-def _to_kernel_stacked(packed, scale):
-    return jax.lax.map(lambda a: _to_kernel_one(*a), (packed, scale))
+@functools.partial(jax.jit, static_argnums=2)
+def _to_kernel_stacked(packed, scale, scale_dtype):
+    return jax.lax.map(lambda a: _to_kernel_one(*a, scale_dtype), (packed, scale))
 
 
 @functools.partial(jax.jit, static_argnums=2)

@@ -7,6 +7,11 @@ dequantised weights (`scale_weights`, every tuned config) or the [BM, BN] f32 do
 `min_bm` a block multiplies only the smallest power-of-two prefix of rows holding its real rows.
 1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
 2. down: y[row] = w_row * (h[row] @ Wd), float32.
+INT4 experts with float16 scales (`int4.to_kernel_layout(scale_dtype=float16)`) multiply in float16:
+its 10-bit mantissa holds an odd plane's nibble in place (`dequant.asm_source_f16`: no shift) and
+rounds the dequantised weights 8x finer than bf16. bf16 activations are then scaled per row by a
+power of two into float16's range (`to_f16_rows`, exact), gate_up writes float32 h, and the scales
+are undone in gate_up's epilogue and in down's row weights.
 Only real rows (row_token >= 0) are loaded and written: at decode sizes most rows of a block are
 padding (T = 64, top-8: 512 real rows of 6,272), whose activation reads and output writes would
 otherwise add to the weight stream.
@@ -146,7 +151,9 @@ def _row_bodies(row_token_ref, b, e, bm, cfg, body):
 
 
 def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, int4_weights, route,
-                    cfg, aliased):
+                    cfg, aliased, scaled):
+    if scaled:                                               # row_scale [R]: x rows were divided by it
+        row_scale_ref, refs = refs[0], refs[1:]
     n_out = 2 if cfg.split_k > 1 else 1                      # split: gate and up partial sums
     w_refs = refs[:len(refs) - n_out * (2 if aliased else 1)]  # an aliased input is never read
     out_refs = refs[len(refs) - n_out:]
@@ -165,6 +172,9 @@ def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, in
             ws, e, n * bn, m, bn, k, int4_weights=int4_weights, dtype=x_ref.dtype, route=route,
             cfg=cfg, split=split)
         rows, cols = pl.ds(b * bm, m), pl.ds(n * bn, bn)
+        if scaled:
+            c = row_scale_ref[rows][:, None]
+            g, u = g * c, u * c
         mask = jnp.broadcast_to(real, g.shape)
         if split is None:
             plgpu.store(out_refs[0].at[rows, cols], _silu_mul(g, u).astype(out_refs[0].dtype),
@@ -224,29 +234,54 @@ def _weights(experts, name, int4_weights):
 
 
 def _route(cfg, dtype) -> str:
-    return "asm" if cfg.dequant == "asm" and dtype == jnp.bfloat16 and not interpret_mode() else "bits"
+    asm = cfg.dequant == "asm" and dtype in (jnp.bfloat16, jnp.float16) and not interpret_mode()
+    return "asm" if asm else "bits"
 
 
-def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None):
+def f16_compute(x_dtype, experts, cfg) -> bool:
+    """Whether the kernels multiply in float16: INT4 experts with float16 scales, bf16 / f16
+    activations (float32 ones stay float32) and cfg.f16."""
+    f16 = "gate_qscale" in experts and experts["gate_qscale"].dtype == jnp.float16
+    return f16 and cfg.f16 and x_dtype in (jnp.bfloat16, jnp.float16)
+
+
+def to_f16_rows(a, real=None):
+    """a [R, K] float -> (a / c as float16 [R, K], c [R] float32): c a power of two per row putting
+    the row's largest magnitude in [2^14, 2^15) (1 for all-zero rows, and where `real` [R] is
+    False, whose rows become zeros). Exact for bf16 inputs (8-bit significands; entries below
+    2^-28 of the row's largest lose bits as float16 subnormals); float32 rounds to 11 bits."""
+    a = a.astype(jnp.float32)
+    if real is not None:
+        a = jnp.where(real[:, None], a, 0.0)
+    amax = jnp.max(jnp.abs(a), axis=1)
+    _, ex = jnp.frexp(jnp.where(amax > 0, amax, 1.0))          # amax in [2^(ex-1), 2^ex)
+    c = jnp.where(amax > 0, jnp.ldexp(jnp.float32(1), ex - 15), 1.0)
+    return (a / c[:, None]).astype(jnp.float16), c
+
+
+def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None, row_scale=None):
     """h [R, I] x.dtype: SiLU(x[row_token] @ Wg[e]) * (x[row_token] @ Wu[e]) for every real row
-    (row_token >= 0); padding rows are not written.
+    (row_token >= 0); padding rows are not written. row_scale [R] float32: x's rows were divided
+    by it (`to_f16_rows`); the kernel multiplies g and u back, and h is float32.
 
     cfg.split_k > 1: the kernel writes float32 gate and up partial sums [split_k, R, I] (`out`: a
     pair of such buffers) and XLA reduces them and applies the epilogue.
     """
     bn = _col_block(dm.intermediate, cfg.check().bn_up)
+    scaled = row_scale is not None
     kernel = functools.partial(_gate_up_kernel, bm=cfg.bm, bn=bn, k=dm.hidden, int4_weights=dm.int4,
-                               route=_route(cfg, x.dtype), cfg=cfg)
-    args = [row_token, block_expert, x, *_weights(experts, "gate", dm.int4),
-            *_weights(experts, "up", dm.int4)]
+                               route=_route(cfg, x.dtype), cfg=cfg, scaled=scaled)
+    args = [row_token, block_expert, x, *([row_scale] if scaled else []),
+            *_weights(experts, "gate", dm.int4), *_weights(experts, "up", dm.int4)]
+    h_dtype = jnp.float32 if scaled else x.dtype
     grid = _grid(block_expert.shape[0], dm.intermediate // bn, cfg)
     rows = row_token.shape[0]
     if cfg.split_k == 1:
-        shape = jax.ShapeDtypeStruct((rows, dm.intermediate), x.dtype)
+        shape = jax.ShapeDtypeStruct((rows, dm.intermediate), h_dtype)
         return _call(kernel, grid, shape, args, cfg, out)
     part = jax.ShapeDtypeStruct((cfg.split_k, rows, dm.intermediate), jnp.float32)
-    g, u = _call(kernel, grid, (part, part), args, cfg, out)
-    return _silu_mul(g.sum(0), u.sum(0)).astype(x.dtype)
+    g, u = _call(kernel, grid, (part, part), args, cfg, out)      # row_scale applied in the kernel
+    return _silu_mul(g.sum(0), u.sum(0)).astype(h_dtype)
 
 
 def down(h, row_token, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
@@ -282,8 +317,16 @@ def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
     dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
     cfg = cfg or tuning.config(x.shape[0])
     r, row_token, row_weight = routed_rows(topk_ids, topk_weights, dm.num_experts, cfg.bm)
-    h = gate_up(x, row_token, r.block_expert, experts, dm, cfg)
-    y = down(h, row_token, row_weight, r.block_expert, experts, dm, cfg)
+    if f16_compute(x.dtype, experts, cfg):   # rows into float16's range, undone in the epilogues
+        x16, cx = to_f16_rows(x)
+        real = row_token >= 0
+        h = gate_up(x16, row_token, r.block_expert, experts, dm, cfg,
+                    row_scale=jnp.where(real, cx[jnp.maximum(row_token, 0)], 1.0))
+        h16, ch = to_f16_rows(h, real)
+        y = down(h16, row_token, row_weight * ch, r.block_expert, experts, dm, cfg)
+    else:
+        h = gate_up(x, row_token, r.block_expert, experts, dm, cfg)
+        y = down(h, row_token, row_weight, r.block_expert, experts, dm, cfg)
     return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
 
 

@@ -18,6 +18,11 @@ min_bm: 0, or the fewest rows a Pallas program multiplies: a row block whose rea
 bm / 2, bm / 4, ... >= min_bm rows runs a body of that many rows (one kernel holds every body), so
 an expert with few slots in a bm-row block dequantises its weights once without the padding
 rows' MMAs. A power of two in [16, bm / 2] (Triton's dot needs 16 rows).
+f16: with INT4 experts whose scales are float16, multiply in float16 (`pallas_triton.f16_compute`:
+bf16 activations scaled per row into range, 4-6% faster kernels and half the error on the H200,
+session 38); False multiplies in the activations' dtype, the scales converted in the kernel (at
+T = 1 the float16 path's row-scaling passes cost more than its kernels save). Ignored with bf16
+scales.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class MoEConfig(NamedTuple):
     down_stages: int = 0
     cols_first: bool = False
     min_bm: int = 0
+    f16: bool = True
 
     def check(self) -> "MoEConfig":
         """self, or ValueError naming the field that no kernel can run."""
@@ -73,8 +79,11 @@ class MoEConfig(NamedTuple):
 # 4363 / 4062, 1040 6262 / 4536 / 4584, 2048 - / 8609 / 8180, 4096 - / 14163 / 13914; at T = 256
 # and 512 min_bm's 16-row body ran 5-6% behind the bm 16 kernel. So bm 16 up to about 590 tokens
 # (the crossover between 520 and 640), bm 32 with min_bm 16 above.
+# Session 38 (experiments/results/moe_f16_h200_session38.md), float16 scales, device us per call
+# bf16 -> float16 compute: T = 16 965 -> 934, 64 2403 -> 2302, 256 3293 -> 3153, but T = 1
+# 103.5 -> 108.0 (the row-scaling passes' ~5 us), so f16 off at T = 1; T = 4 and T > 256 untimed.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
+    (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True, f16=False)),
     (576, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512, 520
     (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16)),
 )
