@@ -18,7 +18,8 @@ profiler trace, parts_clock "device"; the forward by the wall clock); "rest" per
 layers x attention - MoE layers x MoE - head) / layers, so it holds the host's gaps too. The
 attention and MoE kernels are checked against the xla path before they are timed; on a GPU, each
 one's % of its roofline floor uses the copy and matmul ceilings measured in the same run
-(bench_util.measure_ceilings).
+(bench_util.measure_ceilings). --measure_scale_dtype=float16 keeps the experts' scales in float16
+(the MoE kernels then multiply in float16; BENCHMARKS.md, issue 4, session 38).
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ def main(argv):
     print(markdown_table(checks, ["calibration", "check", "model", "published", "ratio", "why"]))
     if FLAGS.measure:
         cfg = dj.ModelConfig.preset(FLAGS.preset)
+        cfg = dataclasses.replace(cfg, quant=dataclasses.replace(cfg.quant, scale_dtype=FLAGS.measure_scale_dtype))
         on_gpu = jax.default_backend() == "gpu"
         ceilings = bench_util.measure_ceilings() if on_gpu else None
         balances = {"on": True, "off": False}
@@ -221,11 +223,13 @@ def main(argv):
                        [int(s) for s in FLAGS.measure_streams], FLAGS.measure_ctx,
                        jnp.bfloat16 if on_gpu else jnp.float32, FLAGS.reps, ceilings,
                        lengths=FLAGS.measure_lengths, balances=[balances[v] for v in FLAGS.measure_balance])
-        result["measured"], result["ceilings"] = rows, ceilings
+        result["measured"], result["ceilings"], result["scale_dtype"] = rows, ceilings, cfg.quant.scale_dtype
         if ceilings:
             print(f"\nceilings measured in this run: {json.dumps(ceilings)}")
         print(f"\nMeasured on {jax.devices()[0].device_kind}, preset {FLAGS.preset} "
-              f"({cfg.num_hidden_layers} layers), ms (attention / MoE / rest per layer):")
+              f"({cfg.num_hidden_layers} layers, {cfg.quant.format} experts"
+              f"{f', {cfg.quant.scale_dtype} scales' if cfg.quant.format == 'int4' else ''}), ms (attention / MoE / "
+              f"rest per layer):")
         print(markdown_table(rows, list(rows[0])))
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
@@ -251,6 +255,8 @@ def _define_flags() -> None:
                       "and/or 'spread' (measure_ctx / S to ~2 measure_ctx, the same total)")
     flags.DEFINE_list("measure_balance", ["on"], "--measure's attn_balance values ('on', 'off'): the "
                       "attention's hint for ragged contexts, as forward takes it")
+    flags.DEFINE_enum("measure_scale_dtype", "bfloat16", ["bfloat16", "float16"], "--measure's INT4 expert "
+                      "scales (QuantConfig.scale_dtype; float16: the MoE kernels multiply in float16)")
     flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
     flags.DEFINE_string("out", "", "write everything as JSON here")
 
