@@ -21,8 +21,8 @@ rows' MMAs. A power of two in [16, bm / 2] (Triton's dot needs 16 rows).
 f16: with INT4 experts whose scales are float16, multiply in float16 (`pallas_triton.f16_compute`:
 bf16 activations scaled per row into range, 4-6% faster kernels and half the error on the H200,
 session 38); False multiplies in the activations' dtype, the scales converted in the kernel (at
-T = 1 the float16 path's row-scaling passes cost more than its kernels save). Ignored with bf16
-scales.
+T = 1 the float16 path's row-scaling passes cost more than its kernels save; above 576 tokens it
+is untimed). Ignored with bf16 scales.
 """
 
 from __future__ import annotations
@@ -81,11 +81,12 @@ class MoEConfig(NamedTuple):
 # (the crossover between 520 and 640), bm 32 with min_bm 16 above.
 # Session 38 (experiments/results/moe_f16_h200_session38.md), float16 scales, device us per call
 # bf16 -> float16 compute: T = 16 965 -> 934, 64 2403 -> 2302, 256 3293 -> 3153, but T = 1
-# 103.5 -> 108.0 (the row-scaling passes' ~5 us), so f16 off at T = 1; T = 4 and T > 256 untimed.
+# 103.5 -> 108.0 (the row-scaling passes' ~5 us), so f16 off at T = 1; T = 4 and T > 256 untimed,
+# and above 576 tokens off too: offline the min_bm down kernel spills more in float16 (116 B vs 72).
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True, f16=False)),
     (576, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512, 520
-    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16)),
+    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16, f16=False)),
 )
 
 
