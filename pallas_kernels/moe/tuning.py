@@ -2,7 +2,7 @@
 
 `config(T)` returns the entry of the smallest `max_tokens` >= T. Fields: bm (rows per block, the
 routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
-num_warps, num_stages, dequant ("asm" on the GPU when bf16, else "bits"). Variants of the Pallas
+num_warps, num_stages, dequant ("asm" on the GPU for bf16 and float16, else "bits"). Variants of the Pallas
 kernels (the "triton" kernels ignore them): scale_weights (group scale applied to the dequantised
 weights, one accumulator instead of a rescale per 32-row plane: on at every T, where the H200
 measured it 1.2-1.6x at T = 16..1024), swap_ab (weight tile on the MMA's M side: measured
@@ -20,9 +20,10 @@ an expert with few slots in a bm-row block dequantises its weights once without 
 rows' MMAs. A power of two in [16, bm / 2] (Triton's dot needs 16 rows).
 f16: with INT4 experts whose scales are float16, multiply in float16 (`pallas_triton.f16_compute`:
 bf16 activations scaled per row into range, 4-6% faster kernels and half the error on the H200,
-session 38); False multiplies in the activations' dtype, the scales converted in the kernel (at
-T = 1 the float16 path's row-scaling passes cost more than its kernels save; above 576 tokens it
-is untimed). Ignored with bf16 scales.
+session 38; at T = 1 4% slower, its row-scaling passes costing more than its kernels save);
+False multiplies in the activations' dtype, the scales converted in the kernel (a variant for
+benchmarks: offline more loop instructions than bf16 scales). On in every entry; ignored with
+bf16 scales.
 """
 
 from __future__ import annotations
@@ -79,14 +80,15 @@ class MoEConfig(NamedTuple):
 # 4363 / 4062, 1040 6262 / 4536 / 4584, 2048 - / 8609 / 8180, 4096 - / 14163 / 13914; at T = 256
 # and 512 min_bm's 16-row body ran 5-6% behind the bm 16 kernel. So bm 16 up to about 590 tokens
 # (the crossover between 520 and 640), bm 32 with min_bm 16 above.
-# Session 38 (experiments/results/moe_f16_h200_session38.md), float16 scales, device us per call
+# Session 38 (experiments/results/moe_f16_h200_session38_{bf16,f16}_scales.md), device us per call
 # bf16 -> float16 compute: T = 16 965 -> 934, 64 2403 -> 2302, 256 3293 -> 3153, but T = 1
-# 103.5 -> 108.0 (the row-scaling passes' ~5 us), so f16 off at T = 1; T = 4 and T > 256 untimed,
-# and above 576 tokens off too: offline the min_bm down kernel spills more in float16 (116 B vs 72).
+# 103.5 -> 108.0 (the row-scaling passes' ~5 us); T = 4 and T > 256 untimed. f16 stays on in
+# every entry: with f16 off, float16 scales are converted in the kernel, which offline costs more
+# loop instructions than bf16 scales (T = 1 gate_up 523 vs 491, T = 1040 down 1677 vs 1582).
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True, f16=False)),
+    (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
     (576, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512, 520
-    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16, f16=False)),
+    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16)),
 )
 
 
