@@ -82,9 +82,10 @@ class MoEConfig(NamedTuple):
 # (the crossover between 520 and 640), bm 32 with min_bm 16 above.
 # Session 38 (experiments/results/moe_f16_h200_session38_{bf16,f16}_scales.md), device us per call
 # bf16 -> float16 compute: T = 16 965 -> 934, 64 2403 -> 2302, 256 3293 -> 3153, but T = 1
-# 103.5 -> 108.0 (the row-scaling passes' ~5 us); T = 4 and T > 256 untimed. f16 stays on in
-# every entry: with f16 off, float16 scales are converted in the kernel, which offline costs more
-# loop instructions than bf16 scales (T = 1 gate_up 523 vs 491, T = 1040 down 1677 vs 1582).
+# 103.5 -> 108.0 (the row-scaling passes' ~5 us). Session 39 (moe_f16_h200_session39_*): T = 4
+# 292 -> 287, 520 3544 -> 3456, 1040 4698 -> 4458, 2048 8113 -> 7929. f16 stays on in every
+# entry: with f16 off, float16 scales are converted in the kernel, which offline costs more loop
+# instructions than bf16 scales (T = 1 gate_up 523 vs 491, T = 1040 down 1677 vs 1582).
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
     (576, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512, 520
