@@ -15,7 +15,7 @@ values), so the Pallas kernels multiply in float16 (pallas_triton.f16_compute).
 --impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
 split_k) on top of the tuned config per T, each checked against the golden before timing; and
 "parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
-alone (gate_up, down and combine each include the routing). One H200 run of the variants against the default:
+alone, in bf16 compute (gate_up and down each include the routing). One H200 run of the variants against the default:
   python3 experiments/kernel_bench.py --op=moe --impls=pallas_triton,variants --sweep=false \
       --tokens=1,4,16,64,256 --out_dir=$OUT
 """
@@ -138,27 +138,26 @@ def _cfg_name(c) -> str:
 
 
 def _parts(t, cfg, e, k):
-    """Stages of moe_experts_pallas under `cfg`, each jitted alone: {name: fn(x, ids, w, experts)}."""
+    """Stages of moe_experts_pallas under `cfg` (the bf16-compute form), each jitted alone:
+    {name: fn(x, ids, w, experts)}."""
     import jax
     from pallas_kernels.moe import pallas_triton as pt
+    from pallas_kernels.moe.align import align_routing
     from pallas_kernels.moe.experts import dims
-    from pallas_kernels.moe.xla import combine
 
     def routing(x, ids, w, ex):
-        r, row_token, row_weight = pt.routed_rows(ids, w, e, cfg.bm)
-        return r, row_token, row_weight
+        return align_routing(ids, e, cfg.bm)
 
     def gate_up(x, ids, w, ex):
-        r, row_token, _ = routing(x, ids, w, ex)
-        return pt.gate_up(x, row_token, r.block_expert, ex, dims(ex), cfg)
+        r = routing(x, ids, w, ex)
+        return pt.gate_up(x, r.row_slot, r.block_expert, ex, dims(ex), cfg, k)
 
     def down(h, ids, w, ex):
-        r, row_token, row_weight = routing(h, ids, w, ex)
-        return pt.down(h, row_token, row_weight, r.block_expert, ex, dims(ex), cfg)
+        r = routing(h, ids, w, ex)
+        return pt.down(h, r.row_slot, w.reshape(-1), r.block_expert, ex, dims(ex), cfg)
 
     def comb(y, ids, w, ex):
-        r, _, _ = routing(y, ids, w, ex)
-        return combine(y, r.slot_row, t, k, jax.numpy.bfloat16)
+        return y.reshape(t, k, -1).sum(axis=1).astype(jax.numpy.bfloat16)
 
     return {"routing": jax.jit(routing), "gate_up": jax.jit(gate_up), "down": jax.jit(down),
             "combine": jax.jit(comb)}
@@ -307,8 +306,8 @@ def bench_moe() -> dict:
 
 
 def _time_parts(t, e, k, xs, ids_all, w_all, ex) -> list:
-    """Rows "parts:<stage>" for the tuned config at T; gate_up, down and combine each include the
-    routing alignment (subtract the routing row); down's and combine's inputs are the outputs of the
+    """Rows "parts:<stage>" for the tuned config at T; gate_up and down each include the routing
+    alignment (subtract the routing row); down's and combine's inputs are the outputs of the
     stages before them (no golden check: the whole op was checked as pallas_triton)."""
     from pallas_kernels.moe import tuning
     cfg = tuning.config(t)

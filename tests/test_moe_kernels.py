@@ -110,7 +110,7 @@ def test_f16_scales_match_golden(impl, dtype):
 
 def test_to_f16_rows_is_exact_and_in_range():
     """to_f16_rows: bf16 rows of any size (1e-30 .. 1e30, zeros) come back exactly as a16 * c with
-    c a power of two and the row's largest |a16| in [2^14, 2^15); rows `real` marks False -> 0, c 1."""
+    c a power of two and the row's largest |a16| in [2^14, 2^15); all-zero rows: c 1."""
     from pallas_kernels.moe.pallas_triton import to_f16_rows
     rng = fresh_rng()
     a = rng.standard_normal((6, 40)) * np.array([1e-30, 1e-3, 1.0, 7e4, 1e30, 0.0])[:, None]
@@ -121,8 +121,6 @@ def test_to_f16_rows_is_exact_and_in_range():
     top = np.abs(np.asarray(a16, np.float64))[:5].max(axis=1)
     assert np.all((top >= 2 ** 14) & (top < 2 ** 15)) and c64[5] == 1.0
     assert np.all(np.log2(c64) == np.round(np.log2(c64)))
-    a16, c = to_f16_rows(a, jnp.arange(6) % 2 == 0)
-    assert not np.asarray(a16[1::2], np.float64).any() and np.all(np.asarray(c[1::2]) == 1.0)
 
 
 def test_scale_dtypes_checked():
@@ -269,38 +267,38 @@ def test_bad_inputs_raise():
 
 
 def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None):
-    """gate_up and down under `cfg` into NaN-poisoned buffers (the split_k partial buffers too):
-    every real row written and equal to the golden intermediates, padding rows and unused blocks
-    untouched. bf16 activations, INT4 experts; `kind` routing of t tokens, top-k, e experts
-    (routing: (ids [t, k], weights) given instead)."""
+    """gate_up and down under `cfg` into NaN-poisoned slot-layout buffers (the split_k partial
+    buffers too): every slot written and equal to the golden intermediates. bf16 activations,
+    INT4 experts; `kind` routing of t tokens, top-k, e experts (routing: (ids [t, k], weights)
+    given instead)."""
     from pallas_kernels.moe import pallas_triton as pt
+    from pallas_kernels.moe.align import align_routing
 
     rng = fresh_rng()
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
     ids, w = routing or _routing(rng, kind, t, k, e)
     x = jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16)
     dm = moe.dims(experts)
-    r, row_token, row_weight = pt.routed_rows(jnp.asarray(ids), jnp.asarray(w), e, cfg.bm)
-    rows = r.row_slot.shape[0]
+    r = align_routing(jnp.asarray(ids), e, cfg.bm)
+    n = t * k
     lead = (cfg.split_k,) if cfg.split_k > 1 else ()
-    nan = lambda n, dt: jnp.full((*lead, rows, n), jnp.nan, dt if not lead else jnp.float32)  # noqa: E731
-    h = pt.gate_up(x, row_token, r.block_expert, experts, dm, cfg,
+    nan = lambda cols, dt: jnp.full((*lead, n, cols), jnp.nan, dt if not lead else jnp.float32)  # noqa: E731
+    h = pt.gate_up(x, r.row_slot, r.block_expert, experts, dm, cfg, k,
                    out=(nan(i, jnp.bfloat16),) * 2 if lead else nan(i, jnp.bfloat16))
-    y = pt.down(h, row_token, row_weight, r.block_expert, experts, dm, cfg, out=nan(d, jnp.float32))
-    real = np.asarray(row_token) >= 0
-    assert real.sum() == t * k and np.array_equal(np.sort(np.asarray(row_token)[real]),
-                                                  np.arange(t * k) // k)
+    y = pt.down(h, r.row_slot, jnp.asarray(w.reshape(-1)), r.block_expert, experts, dm, cfg,
+                out=nan(d, jnp.float32))
+    row_slot = np.asarray(r.row_slot)
+    assert np.array_equal(np.sort(row_slot[row_slot < n]), np.arange(n))
     h, y = np.asarray(h, np.float64), np.asarray(y, np.float64)
-    assert np.all(np.isfinite(h[real])) and np.all(np.isfinite(y[real]))
-    assert np.all(np.isnan(h[~real])) and np.all(np.isnan(y[~real]))
-    slot_row = np.asarray(r.slot_row)
+    assert h.shape == (n, i) and y.shape == (n, d)
+    assert np.all(np.isfinite(h)) and np.all(np.isfinite(y))
     xf = np.asarray(x.astype(jnp.float32), np.float64)
     flat = ids.reshape(-1)
-    gx = np.einsum("sid,sd->si", g[flat], xf[np.arange(t * k) // k])
-    ux = np.einsum("sid,sd->si", u[flat], xf[np.arange(t * k) // k])
-    assert_close(h[slot_row], gx / (1 + np.exp(-gx)) * ux, TOL[jnp.bfloat16], f"{label} gate_up rows")
-    y_ref = w.reshape(-1, 1) * np.einsum("sdi,si->sd", dn[flat], h[slot_row])
-    assert_close(y[slot_row], y_ref, 1e-5 if not cfg.scale_weights else TOL[jnp.bfloat16], f"{label} down rows")
+    gx = np.einsum("sid,sd->si", g[flat], xf[np.arange(n) // k])
+    ux = np.einsum("sid,sd->si", u[flat], xf[np.arange(n) // k])
+    assert_close(h, gx / (1 + np.exp(-gx)) * ux, TOL[jnp.bfloat16], f"{label} gate_up slots")
+    y_ref = w.reshape(-1, 1) * np.einsum("sdi,si->sd", dn[flat], h)
+    assert_close(y, y_ref, 1e-5 if not cfg.scale_weights else TOL[jnp.bfloat16], f"{label} down slots")
 
 
 def test_pallas_kernels_write_every_used_row():
@@ -343,21 +341,22 @@ def test_pallas_variants_match_golden(variant):
 
 
 def test_block_rows_is_the_smallest_prefix_holding_the_real_rows():
-    """block_rows against its definition for every real-row count 1..bm of a block (the rest -1)."""
+    """block_rows against its definition for every real-row count 1..bm of a block (the rest
+    padding, whose slot is the slot count)."""
     from pallas_kernels.moe.pallas_triton import block_rows
 
     for bm, min_bm in ((64, 16), (64, 32), (32, 16), (64, 0)):
         for real in range(1, bm + 1):
-            row_token = np.full(3 * bm, -1, np.int32)
-            row_token[bm:bm + real] = 7                                   # block 1 holds `real` rows
+            row_slot = np.full(3 * bm, 100, np.int32)
+            row_slot[bm:bm + real] = np.arange(real)                      # block 1 holds `real` rows
             want = bm if not min_bm else max(min_bm, 1 << (real - 1).bit_length())
-            assert int(block_rows(row_token, 1, bm, min_bm)) == want, (bm, min_bm, real)
+            assert int(block_rows(row_slot, 1, bm, min_bm, 100)) == want, (bm, min_bm, real)
 
 
 def test_min_bm_runs_every_body():
     """cfg.min_bm = 16 at bm = 64: experts whose last block holds 5, 16, 17, 33, 64 and 6 (after a
     full block) real rows run the 16-, 16-, 32-, 64-, 64- and 16-row bodies; every real row is
-    written and matches the golden, padding rows stay NaN (_check_kernel_rows); then the whole op
+    written and matches the golden (_check_kernel_rows); then the whole op
     against the golden, and min_bm out of range is refused by name."""
     from pallas_kernels.moe import pallas_triton as pt
     from pallas_kernels.moe.tuning import MoEConfig

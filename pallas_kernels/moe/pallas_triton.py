@@ -12,10 +12,11 @@ its 10-bit mantissa holds an odd plane's nibble in place (`dequant.asm_source_f1
 rounds the dequantised weights 8x finer than bf16. bf16 activations are then scaled per row by a
 power of two into float16's range (`to_f16_rows`, exact), gate_up writes float32 h, and the scales
 are undone in gate_up's epilogue and in down's row weights.
-Only real rows (row_token >= 0) are loaded and written: at decode sizes most rows of a block are
-padding (T = 64, top-8: 512 real rows of 6,272), whose activation reads and output writes would
-otherwise add to the weight stream.
-The top-k results are then summed per token (xla.combine): deterministic, no atomics.
+Only real rows (row_slot < T*k) are loaded and written, and h and y are in slot layout ([T*k, .],
+slot = token * k + j), so padding rows exist only as masked lanes of a block: at decode sizes most
+rows of a block are padding (T = 64, top-8: 512 real rows of 6,272), whose reads and writes would
+otherwise add to the weight stream, and the XLA passes of the float16 path read T*k rows, not R.
+The top-k results are then summed per token: deterministic, no atomics.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from pallas_kernels.moe import int4, tuning
 from pallas_kernels.moe.align import align_routing
 from pallas_kernels.moe.dequant import plane
 from pallas_kernels.moe.experts import Dims, check_moe_inputs, dims as expert_dims
-from pallas_kernels.moe.xla import combine
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 
@@ -124,18 +124,27 @@ def _grid(blocks: int, tiles: int, cfg) -> tuple[int, int]:
     return (tiles, blocks) if cfg.cols_first else (blocks, tiles)
 
 
-def block_rows(row_token, b, bm: int, min_bm: int):
+def block_rows(row_slot, b, bm: int, min_bm: int, num_slots: int):
     """Rows row block b's body multiplies (int32 scalar): the smallest of bm, bm / 2, ..., min_bm
     (min_bm 0: bm) holding the block's real rows, which are a prefix of it (padding rows end an
-    expert's run). row_token [R]: a ref or array, -1 on padding rows."""
+    expert's run). row_slot [R]: a ref or array, num_slots on padding rows."""
     m, size = jnp.int32(bm), bm // 2
     while min_bm and size >= min_bm:       # row `size` is padding: the real rows fit in `size`
-        m = jnp.where(row_token[b * bm + size] < 0, jnp.int32(size), m)
+        m = jnp.where(row_slot[b * bm + size] >= num_slots, jnp.int32(size), m)
         size //= 2
     return m
 
 
-def _row_bodies(row_token_ref, b, e, bm, cfg, body):
+def _block_slots(row_slot_ref, b, bm, m, num_slots):
+    """The first m rows of row block b (bm rows per block): (slots [m], num_slots on padding rows;
+    the same clamped to a real slot, for loads; real [m, 1] bool). Masked stores take the
+    unclamped slots: a padding row must not share its masked lane's address with a real row
+    (interpret mode writes masked lanes back)."""
+    slots = row_slot_ref[pl.ds(b * bm, m)]
+    return slots, jnp.minimum(slots, num_slots - 1), (slots < num_slots)[:, None]
+
+
+def _row_bodies(row_slot_ref, b, e, bm, cfg, body, num_slots):
     """body(m) for row block b of expert e (e < 0: nothing), m = block_rows(...): one body per
     candidate m in the kernel, so the dequantised weights serve an expert's few real rows once
     without multiplying the block's padding rows (cfg.min_bm)."""
@@ -145,14 +154,14 @@ def _row_bodies(row_token_ref, b, e, bm, cfg, body):
     if len(sizes) == 1:
         pl.when(e >= 0)(functools.partial(body, bm))
         return
-    m = block_rows(row_token_ref, b, bm, cfg.min_bm)
+    m = block_rows(row_slot_ref, b, bm, cfg.min_bm, num_slots)
     for size in sizes:
         pl.when((e >= 0) & (m == size))(functools.partial(body, size))
 
 
-def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, int4_weights, route,
+def _gate_up_kernel(row_slot_ref, block_expert_ref, x_ref, *refs, bm, bn, k, top_k, int4_weights, route,
                     cfg, aliased, scaled):
-    if scaled:                                               # row_scale [R]: x rows were divided by it
+    if scaled:                                               # row_scale [T]: x rows were divided by it
         row_scale_ref, refs = refs[0], refs[1:]
     n_out = 2 if cfg.split_k > 1 else 1                      # split: gate and up partial sums
     w_refs = refs[:len(refs) - n_out * (2 if aliased else 1)]  # an aliased input is never read
@@ -161,19 +170,20 @@ def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, in
     split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
+    num_slots = x_ref.shape[0] * top_k
+
     def body(m):
-        tokens = row_token_ref[pl.ds(b * bm, m)]
-        real = (tokens >= 0)[:, None]
-        tokens = jnp.maximum(tokens, 0)
+        slots, clamped, real = _block_slots(row_slot_ref, b, bm, m, num_slots)
+        tokens = clamped // top_k
         ws = [tuple(w_refs[i:i + 2]) for i in (0, 2)] if int4_weights else list(w_refs)
         g, u = _project(
             lambda k0, size: plgpu.load(
                 x_ref.at[tokens[:, None], (k0 + jnp.arange(size))[None, :]], mask=real, other=0),
             ws, e, n * bn, m, bn, k, int4_weights=int4_weights, dtype=x_ref.dtype, route=route,
             cfg=cfg, split=split)
-        rows, cols = pl.ds(b * bm, m), pl.ds(n * bn, bn)
+        rows, cols = slots[:, None], (n * bn + jnp.arange(bn))[None, :]
         if scaled:
-            c = row_scale_ref[rows][:, None]
+            c = plgpu.load(row_scale_ref.at[tokens])[:, None]
             g, u = g * c, u * c
         mask = jnp.broadcast_to(real, g.shape)
         if split is None:
@@ -183,34 +193,36 @@ def _gate_up_kernel(row_token_ref, block_expert_ref, x_ref, *refs, bm, bn, k, in
             plgpu.store(out_refs[0].at[split[0], rows, cols], g, mask=mask)
             plgpu.store(out_refs[1].at[split[0], rows, cols], u, mask=mask)
 
-    _row_bodies(row_token_ref, b, e, bm, cfg, body)
+    _row_bodies(row_slot_ref, b, e, bm, cfg, body, num_slots)
 
 
 def _silu_mul(g, u):
     return g / (1.0 + jnp.exp(-g)) * u
 
 
-def _down_kernel(row_token_ref, row_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k,
+def _down_kernel(row_slot_ref, slot_weight_ref, block_expert_ref, h_ref, *refs, bm, bn, k,
                  int4_weights, route, cfg, aliased):
     w_refs, y_ref = refs[:-2 if aliased else -1], refs[-1]
     b, n = _block_and_tile(cfg)
     split = (pl.program_id(2), cfg.split_k) if cfg.split_k > 1 else None   # read outside pl.when
     e = block_expert_ref[b]
 
+    num_slots = h_ref.shape[0]
+
     def body(m):
-        real = (row_token_ref[pl.ds(b * bm, m)] >= 0)[:, None]
+        slots, clamped, real = _block_slots(row_slot_ref, b, bm, m, num_slots)
         ws = [tuple(w_refs)] if int4_weights else list(w_refs)
         (y,) = _project(
-            lambda k0, size: plgpu.load(h_ref.at[pl.ds(b * bm, m), pl.ds(k0, size)], mask=real,
-                                        other=0),
+            lambda k0, size: plgpu.load(h_ref.at[clamped[:, None], (k0 + jnp.arange(size))[None, :]],
+                                        mask=real, other=0),
             ws, e, n * bn, m, bn, k, int4_weights=int4_weights, dtype=h_ref.dtype, route=route,
             cfg=cfg, split=split)
-        w = row_weight_ref[pl.ds(b * bm, m)]
-        idx = (pl.ds(b * bm, m), pl.ds(n * bn, bn))
+        w = plgpu.load(slot_weight_ref.at[clamped])
+        idx = (slots[:, None], (n * bn + jnp.arange(bn))[None, :])
         plgpu.store(y_ref.at[idx if split is None else (split[0], *idx)], y * w[:, None],
                     mask=jnp.broadcast_to(real, y.shape))
 
-    _row_bodies(row_token_ref, b, e, bm, cfg, body)
+    _row_bodies(row_slot_ref, b, e, bm, cfg, body, num_slots)
 
 
 def _call(kernel, grid, out_shape, args, cfg, out, warps=0, stages=0):
@@ -245,55 +257,54 @@ def f16_compute(x_dtype, experts, cfg) -> bool:
     return f16 and cfg.f16 and x_dtype in (jnp.bfloat16, jnp.float16)
 
 
-def to_f16_rows(a, real=None):
+def to_f16_rows(a):
     """a [R, K] float -> (a / c as float16 [R, K], c [R] float32): c a power of two per row putting
-    the row's largest magnitude in [2^14, 2^15) (1 for all-zero rows, and where `real` [R] is
-    False, whose rows become zeros). Exact for bf16 inputs (8-bit significands; entries below
-    2^-28 of the row's largest lose bits as float16 subnormals); float32 rounds to 11 bits."""
+    the row's largest magnitude in [2^14, 2^15) (1 for all-zero rows). Exact for bf16 inputs (8-bit
+    significands; entries below 2^-28 of the row's largest lose bits as float16 subnormals);
+    float32 rounds to 11 bits."""
     a = a.astype(jnp.float32)
-    if real is not None:
-        a = jnp.where(real[:, None], a, 0.0)
     amax = jnp.max(jnp.abs(a), axis=1)
     _, ex = jnp.frexp(jnp.where(amax > 0, amax, 1.0))          # amax in [2^(ex-1), 2^ex)
     c = jnp.where(amax > 0, jnp.ldexp(jnp.float32(1), ex - 15), 1.0)
     return (a / c[:, None]).astype(jnp.float16), c
 
 
-def gate_up(x, row_token, block_expert, experts, dm: Dims, cfg, out=None, row_scale=None):
-    """h [R, I] x.dtype: SiLU(x[row_token] @ Wg[e]) * (x[row_token] @ Wu[e]) for every real row
-    (row_token >= 0); padding rows are not written. row_scale [R] float32: x's rows were divided
-    by it (`to_f16_rows`); the kernel multiplies g and u back, and h is float32.
+def gate_up(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int, out=None, row_scale=None):
+    """h [T*k, I] x.dtype in slot layout: h[s] = SiLU(x[s // k] @ Wg[e]) * (x[s // k] @ Wu[e]) for
+    every slot s, e the expert of s's row block. row_slot [R] int32: each aligned row's slot (T*k on
+    padding rows: `align.Routing`). row_scale [T] float32: x's rows were divided by it
+    (`to_f16_rows`); the kernel multiplies g and u back, and h is float32.
 
-    cfg.split_k > 1: the kernel writes float32 gate and up partial sums [split_k, R, I] (`out`: a
+    cfg.split_k > 1: the kernel writes float32 gate and up partial sums [split_k, T*k, I] (`out`: a
     pair of such buffers) and XLA reduces them and applies the epilogue.
     """
     bn = _col_block(dm.intermediate, cfg.check().bn_up)
     scaled = row_scale is not None
-    kernel = functools.partial(_gate_up_kernel, bm=cfg.bm, bn=bn, k=dm.hidden, int4_weights=dm.int4,
-                               route=_route(cfg, x.dtype), cfg=cfg, scaled=scaled)
-    args = [row_token, block_expert, x, *([row_scale] if scaled else []),
+    kernel = functools.partial(_gate_up_kernel, bm=cfg.bm, bn=bn, k=dm.hidden, top_k=top_k,
+                               int4_weights=dm.int4, route=_route(cfg, x.dtype), cfg=cfg, scaled=scaled)
+    args = [row_slot, block_expert, x, *([row_scale] if scaled else []),
             *_weights(experts, "gate", dm.int4), *_weights(experts, "up", dm.int4)]
     h_dtype = jnp.float32 if scaled else x.dtype
     grid = _grid(block_expert.shape[0], dm.intermediate // bn, cfg)
-    rows = row_token.shape[0]
+    slots = x.shape[0] * top_k
     if cfg.split_k == 1:
-        shape = jax.ShapeDtypeStruct((rows, dm.intermediate), h_dtype)
+        shape = jax.ShapeDtypeStruct((slots, dm.intermediate), h_dtype)
         return _call(kernel, grid, shape, args, cfg, out)
-    part = jax.ShapeDtypeStruct((cfg.split_k, rows, dm.intermediate), jnp.float32)
+    part = jax.ShapeDtypeStruct((cfg.split_k, slots, dm.intermediate), jnp.float32)
     g, u = _call(kernel, grid, (part, part), args, cfg, out)      # row_scale applied in the kernel
     return _silu_mul(g.sum(0), u.sum(0)).astype(h_dtype)
 
 
-def down(h, row_token, row_weight, block_expert, experts, dm: Dims, cfg, out=None):
-    """y [R, d] float32: row_weight[row] * (h[row] @ Wd[e]) for every real row (row_token >= 0);
-    padding rows are neither read from h nor written.
+def down(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg, out=None):
+    """y [T*k, d] float32 in slot layout: y[s] = slot_weight[s] * (h[s] @ Wd[e]) for every slot s
+    (h [T*k, I] in slot layout, row_slot [R] as `gate_up`'s, slot_weight [T*k] float32).
 
-    cfg.split_k > 1: the kernel writes partial sums [split_k, R, d] (`out`: such a buffer), summed here.
+    cfg.split_k > 1: the kernel writes partial sums [split_k, T*k, d] (`out`: such a buffer), summed here.
     """
     bn = _col_block(dm.hidden, cfg.check().bn_down)
     kernel = functools.partial(_down_kernel, bm=cfg.bm, bn=bn, k=dm.intermediate,
                                int4_weights=dm.int4, route=_route(cfg, h.dtype), cfg=cfg)
-    args = [row_token, row_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
+    args = [row_slot, slot_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
     split = (cfg.split_k,) if cfg.split_k > 1 else ()
     shape = jax.ShapeDtypeStruct((*split, h.shape[0], dm.hidden), jnp.float32)
     y = _call(kernel, _grid(block_expert.shape[0], dm.hidden // bn, cfg), shape, args, cfg, out,
@@ -301,33 +312,23 @@ def down(h, row_token, row_weight, block_expert, experts, dm: Dims, cfg, out=Non
     return y.sum(0) if split else y
 
 
-def routed_rows(topk_ids, topk_weights, num_experts: int, bm: int):
-    """Align the routing: (routing, row_token [R] int32 (-1: a padding row), row_weight [R]
-    float32 (0 on padding rows))."""
-    t, k = topk_ids.shape
-    r = align_routing(topk_ids, num_experts, bm)
-    row_token = jnp.where(r.row_slot < t * k, r.row_slot // k, -1)
-    w_slot = jnp.concatenate([topk_weights.reshape(-1).astype(jnp.float32), jnp.zeros((1,))])
-    return r, row_token, w_slot[r.row_slot]
-
-
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoEConfig | None = None):
     """x [T, d], topk_ids [T, k], topk_weights [T, k], experts -> [T, d] x.dtype (cfg: tuning.config(T))."""
     dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
     cfg = cfg or tuning.config(x.shape[0])
-    r, row_token, row_weight = routed_rows(topk_ids, topk_weights, dm.num_experts, cfg.bm)
+    t, k = topk_ids.shape
+    r = align_routing(topk_ids, dm.num_experts, cfg.bm)
+    w = topk_weights.reshape(-1).astype(jnp.float32)
     if f16_compute(x.dtype, experts, cfg):   # rows into float16's range, undone in the epilogues
         x16, cx = to_f16_rows(x)
-        real = row_token >= 0
-        h = gate_up(x16, row_token, r.block_expert, experts, dm, cfg,
-                    row_scale=jnp.where(real, cx[jnp.maximum(row_token, 0)], 1.0))
-        h16, ch = to_f16_rows(h, real)
-        y = down(h16, row_token, row_weight * ch, r.block_expert, experts, dm, cfg)
+        h = gate_up(x16, r.row_slot, r.block_expert, experts, dm, cfg, k, row_scale=cx)
+        h16, ch = to_f16_rows(h)
+        y = down(h16, r.row_slot, w * ch, r.block_expert, experts, dm, cfg)
     else:
-        h = gate_up(x, row_token, r.block_expert, experts, dm, cfg)
-        y = down(h, row_token, row_weight, r.block_expert, experts, dm, cfg)
-    return combine(y, r.slot_row, *topk_ids.shape, x.dtype)
+        h = gate_up(x, r.row_slot, r.block_expert, experts, dm, cfg, k)
+        y = down(h, r.row_slot, w, r.block_expert, experts, dm, cfg)
+    return y.reshape(t, k, -1).sum(axis=1).astype(x.dtype)
 
 
 def supports(x, topk_ids, topk_weights, experts) -> str | None:

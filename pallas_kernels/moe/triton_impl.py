@@ -1,7 +1,8 @@
 """The "triton" implementation of moe_experts: raw Triton kernels through jax_triton.triton_call.
 
-Same algorithm and layouts as pallas_triton.py (gate_up with the SiLU epilogue, down with the row
-weight, per-token combine in XLA); the route that survives Pallas:Triton's removal. GPU only:
+Same algorithm as pallas_triton.py (gate_up with the SiLU epilogue, down with the row weight,
+per-token combine in XLA), with h and y in row layout ([R, .], padding rows unwritten) where
+pallas_triton's are in slot layout; the route that survives Pallas:Triton's removal. GPU only:
 the kernels (_triton_kernels.py) and jax_triton are imported on first use (jax-triton raises on
 import without a GPU jaxlib).
 """
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 from pallas_kernels import registry
 from pallas_kernels.moe import int4, tuning
 from pallas_kernels.moe.experts import check_moe_inputs, dims as expert_dims
-from pallas_kernels.moe.pallas_triton import _col_block, routed_rows
+from pallas_kernels.moe.align import align_routing
+from pallas_kernels.moe.pallas_triton import _col_block
 from pallas_kernels.moe.xla import combine
 
 
@@ -24,6 +26,16 @@ from pallas_kernels.moe.xla import combine
 def _kernels():
     from pallas_kernels.moe import _triton_kernels as tk
     return tk.gate_up, tk.down
+
+
+def routed_rows(topk_ids, topk_weights, num_experts: int, bm: int):
+    """Align the routing: (routing, row_token [R] int32 (-1: a padding row), row_weight [R]
+    float32 (0 on padding rows))."""
+    t, k = topk_ids.shape
+    r = align_routing(topk_ids, num_experts, bm)
+    row_token = jnp.where(r.row_slot < t * k, r.row_slot // k, -1)
+    w_slot = jnp.concatenate([topk_weights.reshape(-1).astype(jnp.float32), jnp.zeros((1,))])
+    return r, row_token, w_slot[r.row_slot]
 
 
 def _weights(experts, name, int4_weights):
