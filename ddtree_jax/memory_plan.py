@@ -28,8 +28,6 @@ from ddtree_jax import drafter as dft
 from ddtree_jax import model as tgt
 from ddtree_jax import sharding
 from ddtree_jax.config import DrafterConfig, ModelConfig
-from pallas_kernels.moe import align as moe_align
-from pallas_kernels.moe import tuning as moe_tuning
 
 GB = 1e9
 GIB = 2 ** 30
@@ -185,8 +183,8 @@ def activation_bytes(cfg: ModelConfig, dcfg: DrafterConfig, work: Workload, mesh
       mla       q_a [T, q_lora] + q [T, H_l, qk_head] + absorbed q [T, H_l, latent] w
                 + attention output [T, H_l, kv_lora] f (split-K partials) + [T, H_l, v_head] w
       moe       Pallas:Triton buffers for the T x k slots (every expert shard sees all its
-                streams' slots): h [R, I] w, rows [R, d] f, gathered [T k, d] f, with
-                R = max_blocks(T k, E_l, bm) x bm and bm = tuning.config(T).bm
+                streams' slots), in slot layout: h [T k, I] w and y [T k, d] f (with float16
+                expert scales h is float32 plus a float16 copy: not counted)
       dense_mlp 3 [T, I_l] w (layer 0's SwiGLU)
       logits    [T, V_l] f, + a float32 log-softmax copy when sampling
       peak      residual + taps + max(mla, moe, dense_mlp, logits)
@@ -202,10 +200,7 @@ def activation_bytes(cfg: ModelConfig, dcfg: DrafterConfig, work: Workload, mesh
     mla = t * ((q_in + h_l * (cfg.qk_head_dim + cfg.latent_dim + cfg.v_head_dim)) * w
                + h_l * cfg.kv_lora_rank * f)
     k = cfg.num_experts_per_tok
-    e_l = local_size("experts", cfg.n_routed_experts, mesh)
-    bm = moe_tuning.config(t).bm
-    rows = moe_align.max_blocks(t * k, e_l, bm) * bm
-    moe = rows * (cfg.moe_intermediate_size * w + d * f) + t * k * d * f
+    moe = t * k * (cfg.moe_intermediate_size * w + d * f)
     dense = 3 * t * local_size("mlp", cfg.intermediate_size, mesh) * w
     logits = t * local_size("vocab", cfg.vocab_size, mesh) * f * (2 if work.sampling else 1)
     parts = {"residual": 3 * t * d * w, "taps": t * len(dcfg.target_layer_ids) * d * w,
