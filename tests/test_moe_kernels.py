@@ -78,7 +78,7 @@ def test_moe_experts_matches_golden(impl, case):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_f16_scales_match_golden(impl, dtype):
     """INT4 experts with float16 scales (the bf16 scales' values, converted exactly) and rows of
-    activations 1e-6 to 1e6 in size (bf16; float16: 0.03 to 3): pallas_triton multiplies in
+    activations 1e-6 to 1e6 in size (bf16; float16: 0.03 to 3): pallas_triton and triton multiply in
     float16, each row scaled into float16's range by a power of two and back, so no row overflows
     or flushes; each row's error against the float64 golden within F16_TOL (the others: TOL)."""
     t, k, e, d, i = 9, 2, 5, 288, 96
@@ -95,7 +95,7 @@ def test_f16_scales_match_golden(impl, dtype):
     assert out.dtype == dtype
     with np.errstate(over="ignore"):             # SiLU's exp(-g) of g ~ -1e7: h = -0
         ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
-    runs = [("table", out, F16_TOL[dtype] if impl == "pallas_triton" else TOL[jnp.bfloat16])]
+    runs = [("table", out, F16_TOL[dtype] if impl in ("pallas_triton", "triton") else TOL[jnp.bfloat16])]
     if impl == "pallas_triton":   # the large-T entry too (32-row blocks, 16-row bodies), split K, f16 off
         big = tuning.config(1 << 20)
         for name, cfg, tol in (("bm32 min_bm16", big, F16_TOL[dtype]),
@@ -266,13 +266,15 @@ def test_bad_inputs_raise():
             moe.moe_experts(x, ids.at[1, 0].set(bad), w, experts, impl="xla")
 
 
-def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None):
-    """gate_up and down under `cfg` into NaN-poisoned slot-layout buffers (the split_k partial
-    buffers too): every slot written and equal to the golden intermediates. bf16 activations,
-    INT4 experts; `kind` routing of t tokens, top-k, e experts (routing: (ids [t, k], weights)
-    given instead)."""
-    from pallas_kernels.moe import pallas_triton as pt
+def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None, kernels=None):
+    """gate_up and down of `kernels` (pallas_triton, or triton_impl) under `cfg` into NaN-poisoned
+    slot-layout buffers (the split_k partial buffers too): every slot written and equal to the
+    golden intermediates. bf16 activations, INT4 experts; `kind` routing of t tokens, top-k, e
+    experts (routing: (ids [t, k], weights) given instead)."""
+    from pallas_kernels.moe import pallas_triton
     from pallas_kernels.moe.align import align_routing
+
+    pt = kernels or pallas_triton
 
     rng = fresh_rng()
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
@@ -306,6 +308,19 @@ def test_pallas_kernels_write_every_used_row():
     from pallas_kernels.moe.tuning import MoEConfig
 
     _check_kernel_rows(MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits"), 5, 96, 64, 6, 2, "uneven", "default")
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="raw Triton (jax-triton) needs a GPU")
+@pytest.mark.parametrize("form", ["bits", "table"])
+def test_triton_kernels_write_every_used_row(form):
+    """The raw Triton kernels (triton_impl) in the Pallas kernels' slot layout: the integer
+    dequantisation with the scale on each product, and the tuned table's form (PTX dequantisation,
+    scale on the weights); uneven routing, K not a multiple of the block (_check_kernel_rows)."""
+    from pallas_kernels.moe import triton_impl
+    from pallas_kernels.moe.tuning import MoEConfig
+
+    cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits") if form == "bits" else tuning.config(64)
+    _check_kernel_rows(cfg, 5, 288, 64, 6, 2, "uneven", f"triton {form}", kernels=triton_impl)
 
 
 # Kernel variants (tuning.MoEConfig fields; scale_weights is in the tuned table) against the same goldens and

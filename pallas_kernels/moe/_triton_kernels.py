@@ -1,115 +1,146 @@
-"""Raw Triton kernels for triton_impl.py (imported only on the GPU). Same math as pallas_triton.py."""
+"""Raw Triton kernels for triton_impl.py (imported only on the GPU). Same math and layouts as
+pallas_triton.py's kernels: h and y in slot layout, only real rows loaded and stored, the group
+scale on the dequantised weights (SCALE_W) or on each plane's float32 product, float16 compute
+when the activations are float16. No split-K, swap_ab, cols_first or min_bm bodies."""
 
 import triton
 import triton.language as tl
 
-from pallas_kernels.moe.dequant import ASM
+from pallas_kernels.moe.dequant import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
 
-_A0, _A1, _A2, _A3, _A4, _A5, _A6, _A7 = (tl.constexpr(a) for a in ASM)
-
-
-@triton.jit
-def _asm(wq, src: tl.constexpr):
-    return tl.inline_asm_elementwise(src, "=r,r,r", [wq], dtype=tl.bfloat16, is_pure=True, pack=2)
+_BF16, _BF16_S = tl.constexpr(ASM), tl.constexpr(ASM_SCALED)
+_F16, _F16_S = tl.constexpr(ASM_F16), tl.constexpr(ASM_F16_SCALED)
 
 
 @triton.jit
-def _plane(wq, J: tl.constexpr, ASM_ON: tl.constexpr):
-    """Plane J of a kernel-layout word tile: bf16 through PTX, or float32 through bit ops."""
+def _plane(wq, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
+    """Plane J of a word tile [32, BN] as s's dtype (nibble - 8; times s [BN] when SCALE_W):
+    through PTX for bf16 / float16 (dequant.py's sources), else through integer ops."""
     if ASM_ON:
-        if J == 0:
-            p = _asm(wq, _A0)
-        elif J == 1:
-            p = _asm(wq, _A1)
-        elif J == 2:
-            p = _asm(wq, _A2)
-        elif J == 3:
-            p = _asm(wq, _A3)
-        elif J == 4:
-            p = _asm(wq, _A4)
-        elif J == 5:
-            p = _asm(wq, _A5)
-        elif J == 6:
-            p = _asm(wq, _A6)
+        if SCALE_W:
+            sb = tl.broadcast_to(s[None, :], wq.shape)
+            if s.dtype == tl.float16:
+                p = tl.inline_asm_elementwise(_F16_S[J], "=r,r,r,r", [wq, sb], dtype=tl.float16, is_pure=True,
+                                              pack=2)
+            else:
+                p = tl.inline_asm_elementwise(_BF16_S[J], "=r,r,r,r", [wq, sb], dtype=tl.bfloat16, is_pure=True,
+                                              pack=2)
         else:
-            p = _asm(wq, _A7)
+            if s.dtype == tl.float16:
+                p = tl.inline_asm_elementwise(_F16[J], "=r,r,r", [wq], dtype=tl.float16, is_pure=True, pack=2)
+            else:
+                p = tl.inline_asm_elementwise(_BF16[J], "=r,r,r", [wq], dtype=tl.bfloat16, is_pure=True, pack=2)
     else:
-        p = (((wq >> (4 * J)) & 15) - 8).to(tl.float32)
+        p = (((wq >> (4 * J)) & 15) - 8).to(s.dtype)
+        if SCALE_W:
+            p = p * s[None, :]
     return p
 
 
 @triton.jit
 def _dot(a, w):
     if a.dtype == tl.float32:
-        d = tl.dot(a, w.to(tl.float32), out_dtype=tl.float32, input_precision="ieee")
+        d = tl.dot(a, w, out_dtype=tl.float32, input_precision="ieee")
     else:
-        d = tl.dot(a, w.to(a.dtype), out_dtype=tl.float32)
+        d = tl.dot(a, w, out_dtype=tl.float32)
     return d
 
 
 @triton.jit
-def _k_block(acc, a_row_ptr, kb, w_ptr, s_ptr, cols, N, NP: tl.constexpr, INT4: tl.constexpr,
-             ASM_ON: tl.constexpr):
-    """acc += A[:, kb*256 : kb*256 + 32*NP] @ W[same rows, cols]; w_ptr / s_ptr at this expert."""
+def _k_block(acc0, acc1, a_row, real, kb, w0, s0, w1, s1, cols, N, NP: tl.constexpr, TWO: tl.constexpr,
+             INT4: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
+    """acc0 (and acc1 when TWO) += A[:, kb*256 : kb*256 + 32*NP] @ W0 (W1)[same rows, cols].
+    a_row [BM] row pointers, real [BM] bool; w* / s* at this expert."""
+    dt = a_row.dtype.element_ty
     r = tl.arange(0, 32)
     k0 = kb * 256
     if INT4:
-        wq = tl.load(w_ptr + (kb * 32 + r)[:, None] * N + cols[None, :])
+        q0 = tl.load(w0 + (kb * 32 + r)[:, None] * N + cols[None, :])
+        if TWO:
+            q1 = tl.load(w1 + (kb * 32 + r)[:, None] * N + cols[None, :])
         for j in tl.static_range(NP):
-            a = tl.load(a_row_ptr[:, None] + (k0 + 32 * j + r)[None, :])
-            s = tl.load(s_ptr + (kb * 8 + j) * N + cols).to(tl.float32)
-            acc += _dot(a, _plane(wq, j, ASM_ON)) * s[None, :]
+            a = tl.load(a_row[:, None] + (k0 + 32 * j + r)[None, :], mask=real[:, None], other=0)
+            sc0 = tl.load(s0 + (kb * 8 + j) * N + cols).to(dt)
+            if SCALE_W:
+                acc0 += _dot(a, _plane(q0, sc0, j, ASM_ON, True))
+            else:
+                acc0 += _dot(a, _plane(q0, sc0, j, ASM_ON, False)) * sc0.to(tl.float32)[None, :]
+            if TWO:
+                sc1 = tl.load(s1 + (kb * 8 + j) * N + cols).to(dt)
+                if SCALE_W:
+                    acc1 += _dot(a, _plane(q1, sc1, j, ASM_ON, True))
+                else:
+                    acc1 += _dot(a, _plane(q1, sc1, j, ASM_ON, False)) * sc1.to(tl.float32)[None, :]
     else:
         for j in tl.static_range(NP):
-            a = tl.load(a_row_ptr[:, None] + (k0 + 32 * j + r)[None, :])
-            acc += _dot(a, tl.load(w_ptr + (k0 + 32 * j + r)[:, None] * N + cols[None, :]))
-    return acc
+            a = tl.load(a_row[:, None] + (k0 + 32 * j + r)[None, :], mask=real[:, None], other=0)
+            rows = (k0 + 32 * j + r)[:, None] * N + cols[None, :]
+            acc0 += _dot(a, tl.load(w0 + rows).to(dt))
+            if TWO:
+                acc1 += _dot(a, tl.load(w1 + rows).to(dt))
+    return acc0, acc1
 
 
 @triton.jit
-def _project(acc, a_row_ptr, w_ptr, s_ptr, cols, N, K: tl.constexpr, INT4: tl.constexpr,
-             ASM_ON: tl.constexpr):
+def _project(acc0, acc1, a_row, real, w0, s0, w1, s1, cols, N, K: tl.constexpr, TWO: tl.constexpr,
+             INT4: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
     for kb in range(0, K // 256):
-        acc = _k_block(acc, a_row_ptr, kb, w_ptr, s_ptr, cols, N, 8, INT4, ASM_ON)
+        acc0, acc1 = _k_block(acc0, acc1, a_row, real, kb, w0, s0, w1, s1, cols, N, 8, TWO, INT4, ASM_ON,
+                              SCALE_W)
     if K % 256:
-        acc = _k_block(acc, a_row_ptr, K // 256, w_ptr, s_ptr, cols, N, (K % 256) // 32, INT4, ASM_ON)
-    return acc
+        acc0, acc1 = _k_block(acc0, acc1, a_row, real, K // 256, w0, s0, w1, s1, cols, N, (K % 256) // 32,
+                              TWO, INT4, ASM_ON, SCALE_W)
+    return acc0, acc1
 
 
 @triton.jit
-def gate_up(row_token_ptr, block_expert_ptr, x_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, h_ptr,
-            D: tl.constexpr, N: tl.constexpr, KW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-            INT4: tl.constexpr, ASM: tl.constexpr):
-    """h[rows, cols] = SiLU(x[tok] @ Wg[e]) * (x[tok] @ Wu[e]) for row block program_id(0)."""
+def _block(row_slot_ptr, b, NUM_SLOTS: tl.constexpr, BM: tl.constexpr):
+    """Row block b's slots [BM] (NUM_SLOTS on padding rows), the same clamped to a real slot, and
+    real [BM] bool."""
+    slots = tl.load(row_slot_ptr + b * BM + tl.arange(0, BM))
+    return slots, tl.minimum(slots, NUM_SLOTS - 1), slots < NUM_SLOTS
+
+
+@triton.jit
+def gate_up(row_slot_ptr, block_expert_ptr, x_ptr, row_scale_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, into_ptr, h_ptr,
+            D: tl.constexpr, N: tl.constexpr, KW: tl.constexpr, TOP_K: tl.constexpr, NUM_SLOTS: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, INT4: tl.constexpr, ASM: tl.constexpr,
+            SCALE_W: tl.constexpr, SCALED: tl.constexpr):
+    """h[slot, cols] = SiLU(x[tok] @ Wg[e]) * (x[tok] @ Wu[e]) for the real slots of row block
+    program_id(0), tok = slot // TOP_K; SCALED: times row_scale[tok] before the epilogue. into_ptr:
+    the buffer h aliases (triton_impl's `out`) or any array; never read."""
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b).to(tl.int64)
     if e >= 0:
-        rows = b * BM + tl.arange(0, BM)
+        slots, clamped, real = _block(row_slot_ptr, b, NUM_SLOTS, BM)
+        tok = (clamped // TOP_K).to(tl.int64)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        tok = tl.load(row_token_ptr + rows).to(tl.int64)
-        a_row = x_ptr + tok * D
         w_off = e * KW * N
         s_off = e * (KW // 4) * N
-        g = _project(tl.zeros((BM, BN), tl.float32), a_row, wg_ptr + w_off, sg_ptr + s_off, cols, N,
-                     D, INT4, ASM)
-        u = _project(tl.zeros((BM, BN), tl.float32), a_row, wu_ptr + w_off, su_ptr + s_off, cols, N,
-                     D, INT4, ASM)
+        zero = tl.zeros((BM, BN), tl.float32)
+        g, u = _project(zero, zero, x_ptr + tok * D, real, wg_ptr + w_off, sg_ptr + s_off, wu_ptr + w_off,
+                        su_ptr + s_off, cols, N, D, True, INT4, ASM, SCALE_W)
+        if SCALED:
+            c = tl.load(row_scale_ptr + tok)[:, None]
+            g, u = g * c, u * c
         h = g / (1.0 + tl.exp(-g)) * u
-        tl.store(h_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], h.to(h_ptr.dtype.element_ty))
+        tl.store(h_ptr + slots.to(tl.int64)[:, None] * N + cols[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=real[:, None])
 
 
 @triton.jit
-def down(row_weight_ptr, block_expert_ptr, h_ptr, wd_ptr, sd_ptr, y_ptr, I: tl.constexpr,
-         N: tl.constexpr, KW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, INT4: tl.constexpr,
-         ASM: tl.constexpr):
-    """y[rows, cols] = row_weight[rows] * (h[rows] @ Wd[e]) for row block program_id(0)."""
+def down(row_slot_ptr, slot_weight_ptr, block_expert_ptr, h_ptr, wd_ptr, sd_ptr, into_ptr, y_ptr, I: tl.constexpr,
+         N: tl.constexpr, KW: tl.constexpr, NUM_SLOTS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+         INT4: tl.constexpr, ASM: tl.constexpr, SCALE_W: tl.constexpr):
+    """y[slot, cols] = slot_weight[slot] * (h[slot] @ Wd[e]) for the real slots of row block
+    program_id(0). into_ptr: as gate_up's."""
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b).to(tl.int64)
     if e >= 0:
-        rows = b * BM + tl.arange(0, BM)
+        slots, clamped, real = _block(row_slot_ptr, b, NUM_SLOTS, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        a_row = h_ptr + rows.to(tl.int64) * I
-        y = _project(tl.zeros((BM, BN), tl.float32), a_row, wd_ptr + e * KW * N,
-                     sd_ptr + e * (KW // 4) * N, cols, N, I, INT4, ASM)
-        y = y * tl.load(row_weight_ptr + rows)[:, None]
-        tl.store(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], y)
+        zero = tl.zeros((BM, BN), tl.float32)
+        y, _ = _project(zero, zero, h_ptr + clamped.to(tl.int64) * I, real, wd_ptr + e * KW * N,
+                        sd_ptr + e * (KW // 4) * N, wd_ptr, sd_ptr, cols, N, I, False, INT4, ASM, SCALE_W)
+        y = y * tl.load(slot_weight_ptr + clamped)[:, None]
+        tl.store(y_ptr + slots.to(tl.int64)[:, None] * N + cols[None, :], y, mask=real[:, None])

@@ -312,23 +312,30 @@ def down(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg, out=Non
     return y.sum(0) if split else y
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoEConfig | None = None):
-    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts -> [T, d] x.dtype (cfg: tuning.config(T))."""
-    dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
-    cfg = cfg or tuning.config(x.shape[0])
+def slot_experts(x, topk_ids, topk_weights, experts, dm: Dims, cfg, gate_up_fn=None, down_fn=None):
+    """x [T, d] through the routed experts with a gate_up / down kernel pair of these signatures
+    (default: this module's; triton_impl passes its own): routing alignment, the float16 row
+    scaling when `f16_compute`, and the sum of each token's k slots. -> [T, d] x.dtype."""
+    gate_up_fn, down_fn = gate_up_fn or gate_up, down_fn or down
     t, k = topk_ids.shape
     r = align_routing(topk_ids, dm.num_experts, cfg.bm)
     w = topk_weights.reshape(-1).astype(jnp.float32)
     if f16_compute(x.dtype, experts, cfg):   # rows into float16's range, undone in the epilogues
         x16, cx = to_f16_rows(x)
-        h = gate_up(x16, r.row_slot, r.block_expert, experts, dm, cfg, k, row_scale=cx)
+        h = gate_up_fn(x16, r.row_slot, r.block_expert, experts, dm, cfg, k, row_scale=cx)
         h16, ch = to_f16_rows(h)
-        y = down(h16, r.row_slot, w * ch, r.block_expert, experts, dm, cfg)
+        y = down_fn(h16, r.row_slot, w * ch, r.block_expert, experts, dm, cfg)
     else:
-        h = gate_up(x, r.row_slot, r.block_expert, experts, dm, cfg, k)
-        y = down(h, r.row_slot, w, r.block_expert, experts, dm, cfg)
+        h = gate_up_fn(x, r.row_slot, r.block_expert, experts, dm, cfg, k)
+        y = down_fn(h, r.row_slot, w, r.block_expert, experts, dm, cfg)
     return y.reshape(t, k, -1).sum(axis=1).astype(x.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoEConfig | None = None):
+    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts -> [T, d] x.dtype (cfg: tuning.config(T))."""
+    dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
+    return slot_experts(x, topk_ids, topk_weights, experts, dm, cfg or tuning.config(x.shape[0]))
 
 
 def supports(x, topk_ids, topk_weights, experts) -> str | None:
