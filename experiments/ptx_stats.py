@@ -18,7 +18,8 @@ bundles on the GPU.
 
 --kernel=moe: the INT4 MoE gate_up and down kernels at the Kimi-K2 layer shape (E=384, d=7168,
 I=2048, top-8), each T's tuned config, plus each --moe_variants option set on top of it (the
-syntax of kernel_bench.py --variants). --kernel=drafter: the drafter's block attention
+syntax of kernel_bench.py --variants). --kernel=moe_triton: the same for the raw Triton kernels
+(the "triton" implementation), compiled from their source as jax-triton does. --kernel=drafter: the drafter's block attention
 (pallas_kernels/drafter_attention) at --drafter_dims (the shipped drafter's by default) for each
 context length in --drafter_ctx and each BLOCK_NxWARPSxSTAGES in --drafter_configs:
 
@@ -84,6 +85,33 @@ def loop_mix(sass: str) -> tuple[int, collections.Counter]:
     return len(best), ops
 
 
+def _raw_source(item: dict):
+    """Under --triton_python: the ASTSource of a raw Triton kernel of the repo (item: raw_kernel
+    "module:function", arg_types of its pointer arguments in order, constexprs), with every
+    pointer 16-byte aligned as jax-triton declares them (Triton's pipeliner needs that to copy
+    2-byte loads asynchronously). The repo's packages are entered without their __init__ (they
+    import JAX, which this Python lacks)."""
+    import importlib
+    import types
+
+    from triton.compiler import ASTSource
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    module, name = item["raw_kernel"].split(":")
+    parts = module.split(".")
+    for i in range(1, len(parts)):
+        pkg = ".".join(parts[:i])
+        if pkg not in sys.modules:
+            sys.modules[pkg] = types.ModuleType(pkg)
+            sys.modules[pkg].__path__ = [os.path.join(root, *parts[:i])]
+    fn = getattr(importlib.import_module(module), name)
+    consts = item["constexprs"]
+    sig = dict(zip([a for a in fn.arg_names if a not in consts], item["arg_types"], strict=True))
+    sig.update({c: "constexpr" for c in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a].startswith("*")}
+    return ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+
+
 def _compile_worker(manifest_path: str) -> None:
     """Runs under --triton_python: compile each TTIR of the manifest, print one JSON line each."""
     from triton.backends.compiler import GPUTarget
@@ -95,7 +123,8 @@ def _compile_worker(manifest_path: str) -> None:
     for item in json.load(open(manifest_path)):
         res = {"key": item["key"]}
         try:
-            k = triton_compile(_optimize_ttir(item["ttir"]), target=GPUTarget("cuda", 90, 32),
+            src = _raw_source(item) if "raw_kernel" in item else _optimize_ttir(item["ttir"])
+            k = triton_compile(src, target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": item["num_warps"], "num_stages": item["num_stages"]})
             ptx = k.asm["ptx"]
             with tempfile.TemporaryDirectory() as d:
@@ -349,6 +378,46 @@ def dump_moe(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk
     return manifest
 
 
+def dump_moe_triton(tokens, variant_sets, *, experts=384, hidden=7168, inter=2048, topk=8,
+                    scale_dtype="bfloat16") -> list[dict]:
+    """The raw Triton MoE kernels (pallas_kernels/moe/triton_impl.py) per (T, option set), as
+    slot_experts would launch them (bf16 activations; float16 compute with float16 scales)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.moe import dims, pallas_triton, triton_impl, tuning
+    from pallas_kernels.moe.align import align_routing
+
+    types = {jnp.dtype(jnp.int32): "*i32", jnp.dtype(jnp.float32): "*fp32", jnp.dtype(jnp.float16): "*fp16",
+             jnp.dtype(jnp.bfloat16): "*bf16"}
+    sds = jax.ShapeDtypeStruct
+    ex = {}
+    for name, (k, n) in {"gate": (hidden, inter), "up": (hidden, inter), "down": (inter, hidden)}.items():
+        ex[f"{name}_qweight"] = sds((experts, k // 8, n), jnp.int32)
+        ex[f"{name}_qscale"] = sds((experts, k // 32, n), jnp.dtype(scale_dtype))
+    dm = dims(ex)
+    manifest = []
+    for t in tokens:
+        for opts in [{}] + list(variant_sets):
+            cfg = tuning.config(t)._replace(**opts)
+            r = jax.eval_shape(lambda ids, bm=cfg.bm: align_routing(ids, experts, bm), sds((t, topk), jnp.int32))
+            f16 = pallas_triton.f16_compute(jnp.bfloat16, ex, cfg)
+            act, n_slots = (jnp.float16 if f16 else jnp.bfloat16), t * topk
+            launches = [triton_impl.gate_up_launch(sds((t, hidden), act), r.row_slot, r.block_expert, ex, dm, cfg, topk,
+                                                   sds((t,), jnp.float32) if f16 else None),
+                        triton_impl.down_launch(sds((n_slots, inter), act), r.row_slot, sds((n_slots,), jnp.float32),
+                                                r.block_expert, ex, dm, cfg)]
+            label = ",".join(f"{k}={v}" for k, v in opts.items()) or "tuned"
+            for ln in launches:
+                arg_types = [types[jnp.dtype(a.dtype)] for a in ln.args]
+                arg_types += [arg_types[0], types[jnp.dtype(ln.out_shape.dtype)]]   # into_ptr, the output
+                manifest.append(dict(key=f"T={t} {label} {ln.kernel}", config=f"{label} {ln.kernel}", q=t, splits=1,
+                                     raw_kernel=f"pallas_kernels.moe._triton_kernels:{ln.kernel}",
+                                     arg_types=arg_types, constexprs=ln.constants, num_warps=ln.num_warps,
+                                     num_stages=ln.num_stages))
+    return manifest
+
+
 def main(_):
     from absl import flags
 
@@ -374,6 +443,11 @@ def main(_):
             dump = dump_drafter_qkv if f.kernel == "drafter_qkv" else dump_tree_accept
             manifest = dump([int(x) for x in f.small_streams], out_dir=d)
             head = (f"{f.kernel}, shipped pair's shapes, sm_90a", "S")
+        elif f.kernel == "moe_triton":
+            from experiments.kernel_bench import parse_variants
+            manifest = dump_moe_triton([int(x) for x in f.moe_tokens], parse_variants(f.moe_variants),
+                                       scale_dtype=f.moe_scale_dtype)
+            head = ("INT4 MoE, raw Triton kernels, K2 layer (E=384, d=7168, I=2048, top-8), sm_90a", "T")
         else:
             from experiments.kernel_bench import parse_variants
             manifest = dump_moe([int(x) for x in f.moe_tokens], parse_variants(f.moe_variants), out_dir=d,
@@ -411,8 +485,9 @@ if __name__ == "__main__":
         flags.DEFINE_list("merge_parts", ["8", "16", "64", "132"], "mla_merge: split runs K")
         flags.DEFINE_list("merge_forms", ["auto"], "mla_merge: forms, 'auto' (merge.form_for), 'rows' / 'parts' "
                           "(with merge.STEP's kc and warps) or 'FORM:KCxWARPS'")
-        flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "drafter", "drafter_qkv", "tree_accept", "mla_merge"],
-                          "which Pallas:Triton kernel to compile")
+        flags.DEFINE_enum("kernel", "mla", ["mla", "moe", "moe_triton", "drafter", "drafter_qkv", "tree_accept",
+                                            "mla_merge"],
+                          "which kernel to compile (moe_triton: the raw Triton MoE kernels)")
         flags.DEFINE_list("configs", ["32x64x4x2"], "mla: one-pass BMxBNxWARPSxSTAGES or two-pass tpMxNxWxS-MxVxKxWxS")
         flags.DEFINE_list("q", ["16", "64", "256"], "mla: new tokens per stream")
         flags.DEFINE_integer("streams", 8, "mla: streams S (sets the split count, as in the benchmark)")

@@ -1,4 +1,4 @@
-"""The INT4 dequantisation PTX (pallas_kernels.moe.dequant, GPU-only "asm" route) run on the CPU by
+"""The INT4 dequantisation PTX (pallas_kernels.moe.ptx, GPU-only "asm" route) run on the CPU by
 a small interpreter of the instructions it uses, against the nibble arithmetic it replaces.
 
 Operand convention of `elementwise_inline_asm(..., pack=2)`: $0 is the output register (two bf16
@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pallas_kernels.moe.dequant import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
+from pallas_kernels.moe.ptx import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
 from tests.kernel_testing import fresh_rng
 
 BF16 = ml_dtypes.bfloat16

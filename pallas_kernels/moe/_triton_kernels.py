@@ -6,7 +6,7 @@ when the activations are float16. No split-K, swap_ab, cols_first or min_bm bodi
 import triton
 import triton.language as tl
 
-from pallas_kernels.moe.dequant import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
+from pallas_kernels.moe.ptx import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
 
 _BF16, _BF16_S = tl.constexpr(ASM), tl.constexpr(ASM_SCALED)
 _F16, _F16_S = tl.constexpr(ASM_F16), tl.constexpr(ASM_F16_SCALED)

@@ -9,10 +9,10 @@ to the weights or to the dot output). Two routes:
   of two neighbouring words, `lop3` masks a nibble of each half and ORs the exponent, one
   `fma.rn.bf16x2` subtracts 136 from both halves: 2-2.5 instructions per weight. One asm block
   per plane, emitted right before its dot, keeps one plane live at a time. With the scale, one more
-  `fma.rn.bf16x2` (times s, plus -0) per two weights. float16 (`asm_source_f16`): the 0x6400
+  `fma.rn.bf16x2` (times s, plus -0) per two weights. float16 (`ptx.asm_source_f16`): the 0x6400
   pattern (1024.0) has a 10-bit mantissa, so a high nibble stays in place, 1024 + 16 n, and one
   `fma.rn.f16x2` by 1/16 minus 72 gives n - 8: odd planes need no shift (sm_90a PTX of the gate_up
-  loop at T = 64: 742 instructions per iteration against bf16's 805).
+  loop at T = 64: 742 instructions per iteration against bf16's 805). The PTX sources: ptx.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.moe.ptx import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
 from pallas_kernels.pallas_compat import plgpu
 
 _MAGIC = 0x4300        # bf16 128.0
@@ -35,38 +36,6 @@ def plane_bits(wq, j: int, dtype, s=None):
     else:
         v = (nib - 8).astype(dtype)
     return v if s is None else v * s.astype(dtype)[None, :]
-
-
-def asm_source(j: int, scaled: bool = False) -> str:
-    """PTX for plane j of two neighbouring words ($1, $2) -> bf16x2 ($0); scaled: times $3 (bf16x2)."""
-    lines = ["{", ".reg .b32 q, one, off;", "mov.b32 one, 0x3F803F80;", "mov.b32 off, 0xC308C308;",
-             f"prmt.b32 q, $1, $2, 0x{(4 + j // 2) << 8 | j // 2:04x};"]
-    if j % 2:
-        lines.append("shr.u32 q, q, 4;")
-    lines += ["lop3.b32 $0, q, 0x000F000F, 0x43004300, 0xEA;", "fma.rn.bf16x2 $0, $0, one, off;"]
-    if scaled:   # (nibble - 8) is exact in bf16; one rounding of its product with s (+ -0.0)
-        lines += ["mov.b32 off, 0x80008000;", "fma.rn.bf16x2 $0, $0, $3, off;"]
-    return "\n".join(lines + ["}"])
-
-
-def asm_source_f16(j: int, scaled: bool = False) -> str:
-    """PTX for plane j of two neighbouring words ($1, $2) -> f16x2 ($0); scaled: times $3 (f16x2).
-    Even j: (1024 + n) - 1032; odd j: (1024 + 16 n) / 16 - 72; both exact."""
-    lines = ["{", ".reg .b32 q, m, c;", f"prmt.b32 q, $1, $2, 0x{(4 + j // 2) << 8 | j // 2:04x};",
-             f"lop3.b32 $0, q, {'0x00F000F0' if j % 2 else '0x000F000F'}, 0x64006400, 0xEA;"]
-    if j % 2:
-        lines += ["mov.b32 m, 0x2C002C00;", "mov.b32 c, 0xD480D480;", "fma.rn.f16x2 $0, $0, m, c;"]
-    else:
-        lines += ["mov.b32 c, 0xE408E408;", "add.rn.f16x2 $0, $0, c;"]
-    if scaled:
-        lines.append("mul.rn.f16x2 $0, $0, $3;")
-    return "\n".join(lines + ["}"])
-
-
-ASM = tuple(asm_source(j) for j in range(8))
-ASM_SCALED = tuple(asm_source(j, True) for j in range(8))
-ASM_F16 = tuple(asm_source_f16(j) for j in range(8))
-ASM_F16_SCALED = tuple(asm_source_f16(j, True) for j in range(8))
 
 
 def plane_asm(wq, j: int, dtype, s=None):

@@ -8,7 +8,7 @@ dequantised weights (`scale_weights`, every tuned config) or the [BM, BN] f32 do
 1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
 2. down: y[row] = w_row * (h[row] @ Wd), float32.
 INT4 experts with float16 scales (`int4.to_kernel_layout(scale_dtype=float16)`) multiply in float16:
-its 10-bit mantissa holds an odd plane's nibble in place (`dequant.asm_source_f16`: no shift) and
+its 10-bit mantissa holds an odd plane's nibble in place (`ptx.asm_source_f16`: no shift) and
 rounds the dequantised weights 8x finer than bf16. bf16 activations are then scaled per row by a
 power of two into float16's range (`to_f16_rows`, exact), gate_up writes float32 h, and the scales
 are undone in gate_up's epilogue and in down's row weights.

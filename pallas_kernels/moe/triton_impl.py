@@ -13,6 +13,7 @@ first use (jax-triton raises on import without a GPU jaxlib).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +21,13 @@ import jax.numpy as jnp
 from pallas_kernels import registry
 from pallas_kernels.moe import int4, tuning
 from pallas_kernels.moe.experts import Dims, check_moe_inputs, dims as expert_dims
-from pallas_kernels.moe.pallas_triton import _col_block, _route, slot_experts
+from pallas_kernels.moe.pallas_triton import _col_block, slot_experts
 
 
 @functools.cache
 def _kernels():
-    from pallas_kernels.moe import _triton_kernels as tk
-    return tk.gate_up, tk.down
+    from pallas_kernels.moe import _triton_kernels
+    return _triton_kernels
 
 
 def _weights(experts, name, int4_weights):
@@ -36,42 +37,71 @@ def _weights(experts, name, int4_weights):
     return [w, w]          # the scale pointer is unused for bf16 weights
 
 
-def _call(kernel, args, shape, out, grid, warps, stages, **constants):
-    """jax_triton.triton_call of `kernel` writing `shape`, into `out` when given (aliased; the
-    kernel's `into_ptr`, otherwise handed args[0] and never read)."""
-    import jax_triton as jt
+class Launch(NamedTuple):
+    """One raw Triton kernel call: `kernel` ("gate_up" / "down" of _triton_kernels), its inputs
+    (arrays, or ShapeDtypeStructs for offline compiles: experiments/ptx_stats.py --kernel=moe_triton),
+    the output, grid, warps, stages and constexprs."""
+    kernel: str
+    args: list
+    out_shape: jax.ShapeDtypeStruct
+    grid: tuple
+    num_warps: int
+    num_stages: int
+    constants: dict
 
-    into = args[0] if out is None else out
-    aliases = {} if out is None else {len(args): 0}
-    return jt.triton_call(*args, into, kernel=kernel, out_shape=shape, grid=grid,
-                          input_output_aliases=aliases, num_warps=warps, num_stages=stages, **constants)
+
+def _asm(cfg, dtype) -> bool:
+    """PTX dequantisation (the kernels only ever run compiled, on a GPU)."""
+    return cfg.dequant == "asm" and dtype in (jnp.bfloat16, jnp.float16)
 
 
-def gate_up(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int, out=None, row_scale=None):
-    """h [T*k, I] in slot layout, as `pallas_triton.gate_up` (without split_k)."""
+def gate_up_launch(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int, row_scale=None) -> Launch:
     bn = _col_block(dm.intermediate, cfg.check().bn_up)
     scaled = row_scale is not None
     slots = x.shape[0] * top_k
     args = [row_slot, block_expert, x, row_scale if scaled else x,
             *_weights(experts, "gate", dm.int4), *_weights(experts, "up", dm.int4)]
     shape = jax.ShapeDtypeStruct((slots, dm.intermediate), jnp.float32 if scaled else x.dtype)
-    return _call(_kernels()[0], args, shape, out, (block_expert.shape[0], dm.intermediate // bn),
-                 cfg.num_warps, cfg.num_stages, D=dm.hidden, N=dm.intermediate,
-                 KW=int4.padded_k(dm.hidden) // 8 if dm.int4 else dm.hidden, TOP_K=top_k, NUM_SLOTS=slots,
-                 BM=cfg.bm, BN=bn, INT4=dm.int4, ASM=_route(cfg, x.dtype) == "asm",
-                 SCALE_W=dm.int4 and cfg.scale_weights, SCALED=scaled)
+    return Launch("gate_up", args, shape, (block_expert.shape[0], dm.intermediate // bn), cfg.num_warps,
+                  cfg.num_stages, dict(D=dm.hidden, N=dm.intermediate,
+                                       KW=int4.padded_k(dm.hidden) // 8 if dm.int4 else dm.hidden, TOP_K=top_k,
+                                       NUM_SLOTS=slots, BM=cfg.bm, BN=bn, INT4=dm.int4, ASM=_asm(cfg, x.dtype),
+                                       SCALE_W=dm.int4 and cfg.scale_weights, SCALED=scaled))
+
+
+def down_launch(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg) -> Launch:
+    bn = _col_block(dm.hidden, cfg.check().bn_down)
+    args = [row_slot, slot_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
+    shape = jax.ShapeDtypeStruct((h.shape[0], dm.hidden), jnp.float32)
+    return Launch("down", args, shape, (block_expert.shape[0], dm.hidden // bn), cfg.down_warps or cfg.num_warps,
+                  cfg.down_stages or cfg.num_stages,
+                  dict(I=dm.intermediate, N=dm.hidden,
+                       KW=int4.padded_k(dm.intermediate) // 8 if dm.int4 else dm.intermediate,
+                       NUM_SLOTS=h.shape[0], BM=cfg.bm, BN=bn, INT4=dm.int4, ASM=_asm(cfg, h.dtype),
+                       SCALE_W=dm.int4 and cfg.scale_weights))
+
+
+def _call(launch: Launch, out=None):
+    """jax_triton.triton_call of a Launch, into `out` when given (aliased; the kernel's
+    `into_ptr`, otherwise handed args[0] and never read)."""
+    import jax_triton as jt
+
+    args = launch.args
+    into = args[0] if out is None else out
+    aliases = {} if out is None else {len(args): 0}
+    return jt.triton_call(*args, into, kernel=getattr(_kernels(), launch.kernel), out_shape=launch.out_shape,
+                          grid=launch.grid, input_output_aliases=aliases, num_warps=launch.num_warps,
+                          num_stages=launch.num_stages, **launch.constants)
+
+
+def gate_up(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int, out=None, row_scale=None):
+    """h [T*k, I] in slot layout, as `pallas_triton.gate_up` (without split_k)."""
+    return _call(gate_up_launch(x, row_slot, block_expert, experts, dm, cfg, top_k, row_scale), out)
 
 
 def down(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg, out=None):
     """y [T*k, d] float32 in slot layout, as `pallas_triton.down` (without split_k)."""
-    bn = _col_block(dm.hidden, cfg.check().bn_down)
-    args = [row_slot, slot_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
-    shape = jax.ShapeDtypeStruct((h.shape[0], dm.hidden), jnp.float32)
-    return _call(_kernels()[1], args, shape, out, (block_expert.shape[0], dm.hidden // bn),
-                 cfg.down_warps or cfg.num_warps, cfg.down_stages or cfg.num_stages, I=dm.intermediate,
-                 N=dm.hidden, KW=int4.padded_k(dm.intermediate) // 8 if dm.int4 else dm.intermediate,
-                 NUM_SLOTS=h.shape[0], BM=cfg.bm, BN=bn, INT4=dm.int4, ASM=_route(cfg, h.dtype) == "asm",
-                 SCALE_W=dm.int4 and cfg.scale_weights)
+    return _call(down_launch(h, row_slot, slot_weight, block_expert, experts, dm, cfg), out)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
