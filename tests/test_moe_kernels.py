@@ -311,14 +311,25 @@ def test_pallas_kernels_write_every_used_row():
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="raw Triton (jax-triton) needs a GPU")
-@pytest.mark.parametrize("form", ["bits", "table"])
+@pytest.mark.parametrize("form", ["bits", "table", "min_bm", "table_large"])
 def test_triton_kernels_write_every_used_row(form):
-    """The raw Triton kernels (triton_impl) in the Pallas kernels' slot layout: the integer
-    dequantisation with the scale on each product, and the tuned table's form (PTX dequantisation,
-    scale on the weights); uneven routing, K not a multiple of the block (_check_kernel_rows)."""
+    """The raw Triton kernels (triton_impl) in the Pallas kernels' slot layout (_check_kernel_rows):
+    "bits", the integer dequantisation with the scale on each product; "table", the tuned form at
+    T = 64 (PTX dequantisation, scale on the weights); uneven routing, K not a multiple of the
+    block. "min_bm" (bits, bm 64) and "table_large" (the table's bm 32, min_bm 16 entry): experts
+    of 5, 16, 17, 33, 64 and 70 slots, so every row body runs (test_min_bm_runs_every_body)."""
     from pallas_kernels.moe import triton_impl
     from pallas_kernels.moe.tuning import MoEConfig
 
+    if form in ("min_bm", "table_large"):
+        rng = fresh_rng()
+        counts = [5, 16, 17, 33, 64, 70]
+        ids = rng.permutation(np.repeat(np.arange(len(counts)), counts)).astype(np.int32)[:, None]
+        cfg = (MoEConfig(bm=64, bn_up=32, bn_down=32, dequant="bits", scale_weights=True, min_bm=16)
+               if form == "min_bm" else tuning.config(1 << 20))
+        _check_kernel_rows(cfg, 7, 288, 64, ids.shape[0], 1, "", f"triton {form}",
+                           routing=(ids, rng.random(ids.shape).astype(np.float32)), kernels=triton_impl)
+        return
     cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits") if form == "bits" else tuning.config(64)
     _check_kernel_rows(cfg, 5, 288, 64, 6, 2, "uneven", f"triton {form}", kernels=triton_impl)
 

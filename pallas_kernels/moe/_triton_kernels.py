@@ -1,7 +1,7 @@
 """Raw Triton kernels for triton_impl.py (imported only on the GPU). Same math and layouts as
 pallas_triton.py's kernels: h and y in slot layout, only real rows loaded and stored, the group
 scale on the dequantised weights (SCALE_W) or on each plane's float32 product, float16 compute
-when the activations are float16. No split-K, swap_ab, cols_first or min_bm bodies."""
+when the activations are float16, and the min_bm bodies. No split-K, swap_ab or cols_first."""
 
 import triton
 import triton.language as tl
@@ -47,6 +47,24 @@ def _dot(a, w):
 
 
 @triton.jit
+def _scale_planes(s_ptr, kb, cols, N, NP: tl.constexpr, dt: tl.constexpr):
+    """The group scales of K block kb's planes 0..7 (rows kb*8 .. kb*8+7 of s_ptr's [K/32, N];
+    planes >= NP read as 0) at `cols`: one [BN, 8] load split into 8 [BN] vectors of dtype dt, in
+    place of 8 [BN] loads."""
+    c8 = tl.arange(0, 8)
+    t = tl.load(s_ptr + (kb * 8 + c8)[None, :] * N + cols[:, None], mask=(c8 < NP)[None, :], other=0).to(dt)
+    bn: tl.constexpr = t.shape[0]
+    even, odd = tl.split(tl.reshape(t, (bn, 4, 2)))            # planes 0 2 4 6 / 1 3 5 7
+    e04, e26 = tl.split(tl.reshape(even, (bn, 2, 2)))
+    o15, o37 = tl.split(tl.reshape(odd, (bn, 2, 2)))
+    p0, p4 = tl.split(e04)
+    p2, p6 = tl.split(e26)
+    p1, p5 = tl.split(o15)
+    p3, p7 = tl.split(o37)
+    return p0, p1, p2, p3, p4, p5, p6, p7
+
+
+@triton.jit
 def _k_block(acc0, acc1, a_row, real, kb, w0, s0, w1, s1, cols, N, NP: tl.constexpr, TWO: tl.constexpr,
              INT4: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
     """acc0 (and acc1 when TWO) += A[:, kb*256 : kb*256 + 32*NP] @ W0 (W1)[same rows, cols].
@@ -56,17 +74,19 @@ def _k_block(acc0, acc1, a_row, real, kb, w0, s0, w1, s1, cols, N, NP: tl.conste
     k0 = kb * 256
     if INT4:
         q0 = tl.load(w0 + (kb * 32 + r)[:, None] * N + cols[None, :])
+        ss0 = _scale_planes(s0, kb, cols, N, NP, dt)
         if TWO:
             q1 = tl.load(w1 + (kb * 32 + r)[:, None] * N + cols[None, :])
+            ss1 = _scale_planes(s1, kb, cols, N, NP, dt)
         for j in tl.static_range(NP):
             a = tl.load(a_row[:, None] + (k0 + 32 * j + r)[None, :], mask=real[:, None], other=0)
-            sc0 = tl.load(s0 + (kb * 8 + j) * N + cols).to(dt)
+            sc0 = ss0[j]
             if SCALE_W:
                 acc0 += _dot(a, _plane(q0, sc0, j, ASM_ON, True))
             else:
                 acc0 += _dot(a, _plane(q0, sc0, j, ASM_ON, False)) * sc0.to(tl.float32)[None, :]
             if TWO:
-                sc1 = tl.load(s1 + (kb * 8 + j) * N + cols).to(dt)
+                sc1 = ss1[j]
                 if SCALE_W:
                     acc1 += _dot(a, _plane(q1, sc1, j, ASM_ON, True))
                 else:
@@ -94,53 +114,98 @@ def _project(acc0, acc1, a_row, real, w0, s0, w1, s1, cols, N, K: tl.constexpr, 
 
 
 @triton.jit
-def _block(row_slot_ptr, b, NUM_SLOTS: tl.constexpr, BM: tl.constexpr):
-    """Row block b's slots [BM] (NUM_SLOTS on padding rows), the same clamped to a real slot, and
-    real [BM] bool."""
-    slots = tl.load(row_slot_ptr + b * BM + tl.arange(0, BM))
+def _block(row_slot_ptr, b, NUM_SLOTS: tl.constexpr, M: tl.constexpr, BM: tl.constexpr):
+    """The first M rows of row block b (BM rows per block): slots [M] (NUM_SLOTS on padding rows),
+    the same clamped to a real slot, and real [M] bool."""
+    slots = tl.load(row_slot_ptr + b * BM + tl.arange(0, M))
     return slots, tl.minimum(slots, NUM_SLOTS - 1), slots < NUM_SLOTS
+
+
+@triton.jit
+def _body_rows(row_slot_ptr, b, NUM_SLOTS: tl.constexpr, BM: tl.constexpr, MIN_BM: tl.constexpr):
+    """Rows block b's body multiplies: the smallest of BM, BM / 2, ..., MIN_BM holding its real
+    rows, a prefix of the block (`pallas_triton.block_rows`)."""
+    m = tl.full((), BM, tl.int32)
+    for i in tl.static_range(1, 8):
+        if (BM >> i) >= MIN_BM:
+            m = tl.where(tl.load(row_slot_ptr + b * BM + (BM >> i)) >= NUM_SLOTS, BM >> i, m)
+    return m
+
+
+@triton.jit
+def _gate_up_body(row_slot_ptr, b, e, x_ptr, row_scale_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, h_ptr,
+                  D: tl.constexpr, N: tl.constexpr, KW: tl.constexpr, TOP_K: tl.constexpr,
+                  NUM_SLOTS: tl.constexpr, M: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  INT4: tl.constexpr, ASM: tl.constexpr, SCALE_W: tl.constexpr, SCALED: tl.constexpr):
+    slots, clamped, real = _block(row_slot_ptr, b, NUM_SLOTS, M, BM)
+    tok = (clamped // TOP_K).to(tl.int64)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    w_off = e * KW * N
+    s_off = e * (KW // 4) * N
+    zero = tl.zeros((M, BN), tl.float32)
+    g, u = _project(zero, zero, x_ptr + tok * D, real, wg_ptr + w_off, sg_ptr + s_off, wu_ptr + w_off,
+                    su_ptr + s_off, cols, N, D, True, INT4, ASM, SCALE_W)
+    if SCALED:
+        c = tl.load(row_scale_ptr + tok)[:, None]
+        g, u = g * c, u * c
+    h = g / (1.0 + tl.exp(-g)) * u
+    tl.store(h_ptr + slots.to(tl.int64)[:, None] * N + cols[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=real[:, None])
 
 
 @triton.jit
 def gate_up(row_slot_ptr, block_expert_ptr, x_ptr, row_scale_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, into_ptr, h_ptr,
             D: tl.constexpr, N: tl.constexpr, KW: tl.constexpr, TOP_K: tl.constexpr, NUM_SLOTS: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, INT4: tl.constexpr, ASM: tl.constexpr,
+            BM: tl.constexpr, MIN_BM: tl.constexpr, BN: tl.constexpr, INT4: tl.constexpr, ASM: tl.constexpr,
             SCALE_W: tl.constexpr, SCALED: tl.constexpr):
     """h[slot, cols] = SiLU(x[tok] @ Wg[e]) * (x[tok] @ Wu[e]) for the real slots of row block
-    program_id(0), tok = slot // TOP_K; SCALED: times row_scale[tok] before the epilogue. into_ptr:
-    the buffer h aliases (triton_impl's `out`) or any array; never read."""
+    program_id(0), tok = slot // TOP_K; SCALED: times row_scale[tok] before the epilogue. MIN_BM > 0:
+    the block multiplies only the smallest power-of-two prefix (>= MIN_BM rows) holding its real
+    rows. into_ptr: the buffer h aliases (triton_impl's `out`) or any array; never read."""
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b).to(tl.int64)
     if e >= 0:
-        slots, clamped, real = _block(row_slot_ptr, b, NUM_SLOTS, BM)
-        tok = (clamped // TOP_K).to(tl.int64)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        w_off = e * KW * N
-        s_off = e * (KW // 4) * N
-        zero = tl.zeros((BM, BN), tl.float32)
-        g, u = _project(zero, zero, x_ptr + tok * D, real, wg_ptr + w_off, sg_ptr + s_off, wu_ptr + w_off,
-                        su_ptr + s_off, cols, N, D, True, INT4, ASM, SCALE_W)
-        if SCALED:
-            c = tl.load(row_scale_ptr + tok)[:, None]
-            g, u = g * c, u * c
-        h = g / (1.0 + tl.exp(-g)) * u
-        tl.store(h_ptr + slots.to(tl.int64)[:, None] * N + cols[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=real[:, None])
+        if MIN_BM == 0:
+            _gate_up_body(row_slot_ptr, b, e, x_ptr, row_scale_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, h_ptr, D, N, KW,
+                          TOP_K, NUM_SLOTS, BM, BM, BN, INT4, ASM, SCALE_W, SCALED)
+        else:
+            m = _body_rows(row_slot_ptr, b, NUM_SLOTS, BM, MIN_BM)
+            for i in tl.static_range(0, 8):
+                if (BM >> i) >= MIN_BM:
+                    if m == (BM >> i):
+                        _gate_up_body(row_slot_ptr, b, e, x_ptr, row_scale_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, h_ptr,
+                                      D, N, KW, TOP_K, NUM_SLOTS, BM >> i, BM, BN, INT4, ASM, SCALE_W, SCALED)
+
+
+@triton.jit
+def _down_body(row_slot_ptr, slot_weight_ptr, b, e, h_ptr, wd_ptr, sd_ptr, y_ptr, I: tl.constexpr,
+               N: tl.constexpr, KW: tl.constexpr, NUM_SLOTS: tl.constexpr, M: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, INT4: tl.constexpr, ASM: tl.constexpr, SCALE_W: tl.constexpr):
+    slots, clamped, real = _block(row_slot_ptr, b, NUM_SLOTS, M, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    zero = tl.zeros((M, BN), tl.float32)
+    y, _ = _project(zero, zero, h_ptr + clamped.to(tl.int64) * I, real, wd_ptr + e * KW * N,
+                    sd_ptr + e * (KW // 4) * N, wd_ptr, sd_ptr, cols, N, I, False, INT4, ASM, SCALE_W)
+    y = y * tl.load(slot_weight_ptr + clamped)[:, None]
+    tl.store(y_ptr + slots.to(tl.int64)[:, None] * N + cols[None, :], y, mask=real[:, None])
 
 
 @triton.jit
 def down(row_slot_ptr, slot_weight_ptr, block_expert_ptr, h_ptr, wd_ptr, sd_ptr, into_ptr, y_ptr, I: tl.constexpr,
-         N: tl.constexpr, KW: tl.constexpr, NUM_SLOTS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-         INT4: tl.constexpr, ASM: tl.constexpr, SCALE_W: tl.constexpr):
+         N: tl.constexpr, KW: tl.constexpr, NUM_SLOTS: tl.constexpr, BM: tl.constexpr, MIN_BM: tl.constexpr,
+         BN: tl.constexpr, INT4: tl.constexpr, ASM: tl.constexpr, SCALE_W: tl.constexpr):
     """y[slot, cols] = slot_weight[slot] * (h[slot] @ Wd[e]) for the real slots of row block
-    program_id(0). into_ptr: as gate_up's."""
+    program_id(0); MIN_BM and into_ptr as gate_up's."""
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b).to(tl.int64)
     if e >= 0:
-        slots, clamped, real = _block(row_slot_ptr, b, NUM_SLOTS, BM)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        zero = tl.zeros((BM, BN), tl.float32)
-        y, _ = _project(zero, zero, h_ptr + clamped.to(tl.int64) * I, real, wd_ptr + e * KW * N,
-                        sd_ptr + e * (KW // 4) * N, wd_ptr, sd_ptr, cols, N, I, False, INT4, ASM, SCALE_W)
-        y = y * tl.load(slot_weight_ptr + clamped)[:, None]
-        tl.store(y_ptr + slots.to(tl.int64)[:, None] * N + cols[None, :], y, mask=real[:, None])
+        if MIN_BM == 0:
+            _down_body(row_slot_ptr, slot_weight_ptr, b, e, h_ptr, wd_ptr, sd_ptr, y_ptr, I, N, KW, NUM_SLOTS, BM, BM,
+                       BN, INT4, ASM, SCALE_W)
+        else:
+            m = _body_rows(row_slot_ptr, b, NUM_SLOTS, BM, MIN_BM)
+            for i in tl.static_range(0, 8):
+                if (BM >> i) >= MIN_BM:
+                    if m == (BM >> i):
+                        _down_body(row_slot_ptr, slot_weight_ptr, b, e, h_ptr, wd_ptr, sd_ptr, y_ptr, I, N, KW,
+                                   NUM_SLOTS, BM >> i, BM, BN, INT4, ASM, SCALE_W)

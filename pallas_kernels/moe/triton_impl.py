@@ -3,11 +3,11 @@
 The route that survives Pallas:Triton's removal, so it follows pallas_triton.py's design:
 `gate_up` and `down` take the same arguments as that module's, write h and y in slot layout
 ([T*k, .]), load and store real rows only, apply the group scale as the tuned table says
-(`scale_weights`) and multiply in float16 for INT4 experts with float16 scales; the routing
-alignment, the float16 row scaling and the per-token sum are `pallas_triton.slot_experts`. The
-Pallas-only variants (split_k, swap_ab, cols_first, min_bm bodies) are ignored: every row block
-multiplies bm rows. GPU only: the kernels (_triton_kernels.py) and jax_triton are imported on
-first use (jax-triton raises on import without a GPU jaxlib).
+(`scale_weights`), run a block's smallest row prefix holding its real rows (`min_bm`) and
+multiply in float16 for INT4 experts with float16 scales; the routing alignment, the float16 row
+scaling and the per-token sum are `pallas_triton.slot_experts`. The Pallas-only variants
+(split_k, swap_ab, cols_first) are ignored. GPU only: the kernels (_triton_kernels.py) and
+jax_triton are imported on first use (jax-triton raises on import without a GPU jaxlib).
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def gate_up_launch(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int
     return Launch("gate_up", args, shape, (block_expert.shape[0], dm.intermediate // bn), cfg.num_warps,
                   cfg.num_stages, dict(D=dm.hidden, N=dm.intermediate,
                                        KW=int4.padded_k(dm.hidden) // 8 if dm.int4 else dm.hidden, TOP_K=top_k,
-                                       NUM_SLOTS=slots, BM=cfg.bm, BN=bn, INT4=dm.int4, ASM=_asm(cfg, x.dtype),
+                                       NUM_SLOTS=slots, BM=cfg.bm, MIN_BM=cfg.min_bm, BN=bn, INT4=dm.int4,
+                                       ASM=_asm(cfg, x.dtype),
                                        SCALE_W=dm.int4 and cfg.scale_weights, SCALED=scaled))
 
 
@@ -77,7 +78,8 @@ def down_launch(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg) 
                   cfg.down_stages or cfg.num_stages,
                   dict(I=dm.intermediate, N=dm.hidden,
                        KW=int4.padded_k(dm.intermediate) // 8 if dm.int4 else dm.intermediate,
-                       NUM_SLOTS=h.shape[0], BM=cfg.bm, BN=bn, INT4=dm.int4, ASM=_asm(cfg, h.dtype),
+                       NUM_SLOTS=h.shape[0], BM=cfg.bm, MIN_BM=cfg.min_bm, BN=bn, INT4=dm.int4,
+                       ASM=_asm(cfg, h.dtype),
                        SCALE_W=dm.int4 and cfg.scale_weights))
 
 

@@ -3,8 +3,8 @@
 `config(T)` returns the entry of the smallest `max_tokens` >= T. Fields: bm (rows per block, the
 routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
 num_warps, num_stages, dequant ("asm" on the GPU for bf16 and float16, else "bits"). Variants of the Pallas
-kernels (the raw "triton" kernels take scale_weights, f16, down_warps and down_stages, and ignore the
-others, running bm rows in every block): scale_weights (group scale applied to the dequantised
+kernels (the raw "triton" kernels take scale_weights, f16, down_warps, down_stages and min_bm, and
+ignore the others): scale_weights (group scale applied to the dequantised
 weights, one accumulator instead of a rescale per 32-row plane: on at every T, where the H200
 measured it 1.2-1.6x at T = 16..1024), swap_ab (weight tile on the MMA's M side: measured
 slower), split_k (K split over this many programs, float32 partial sums reduced in XLA: measured
