@@ -79,10 +79,13 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
         def kblock(kb, accs, n_planes):
             accs = list(accs)
             words = [qw[e, pl.ds(kb * int4.PLANE, int4.PLANE), cols] for qw, _ in ws]
+            # a full block's 8 scale rows as one [8, BN] load, split into the planes' rows
+            scales = [[r[0] for r in jnp.split(qs[e, pl.ds(kb * 8, 8), cols], 8, axis=0)]
+                      if n_planes == 8 else None for _, qs in ws]
             for j in range(n_planes):
                 a = load_a(kb * int4.KBLOCK + j * int4.PLANE, int4.PLANE)   # shared by gate and up
                 for i, (_, qs) in enumerate(ws):
-                    s = qs[e, kb * 8 + j, cols]
+                    s = scales[i][j] if scales[i] else qs[e, kb * 8 + j, cols]
                     if cfg.scale_weights:
                         accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route, s), swap)
                     else:
