@@ -82,6 +82,23 @@ def test_auto_never_picks_an_implementation_that_refuses(monkeypatch, op, args, 
     assert registry.auto_impl(op, *args, **kwargs) == want
 
 
+@pytest.mark.parametrize("have_jax_triton,d,want", [(True, 64, "triton"), (False, 64, "pallas_triton"),
+                                                    (True, 48, "pallas_triton")])
+def test_auto_moe_takes_triton_where_jax_triton_is(monkeypatch, have_jax_triton, d, want):
+    """On a GPU, impl="auto" for moe_experts takes the raw Triton kernels when jax-triton imports
+    and their shape rule (bf16 experts: d, I multiples of 32) takes the call, else "pallas_triton"."""
+    from pallas_kernels.moe import triton_impl
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(triton_impl, "have_jax_triton", lambda: have_jax_triton)
+    args = (_s(3, d), _s(3, 2, dtype=jnp.int32), _s(3, 2), _bf16_experts(4, d, 32))
+    assert registry.auto_impl("moe_experts", *args) == want
+    if not have_jax_triton:
+        with pytest.raises(ValueError, match="jax-triton is not installed"):
+            triton_impl.moe_experts_triton(jnp.zeros((3, d), jnp.bfloat16), jnp.zeros((3, 2), jnp.int32),
+                                           jnp.zeros((3, 2)), {k: jnp.zeros(v.shape, v.dtype)
+                                                                for k, v in _bf16_experts(4, d, 32).items()})
+
+
 @pytest.mark.parametrize("k", [8, 16])
 @pytest.mark.parametrize("contract_b", [1, 0])
 def test_dot_f32_is_exact_for_small_k(k, contract_b):

@@ -13,6 +13,7 @@ jax_triton are imported on first use (jax-triton raises on import without a GPU 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import NamedTuple
 
 import jax
@@ -116,8 +117,15 @@ def moe_experts_triton(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoECon
                         gate_up, down)
 
 
+def have_jax_triton() -> bool:
+    """Whether jax-triton can be imported (it is not a dependency of this package)."""
+    return importlib.util.find_spec("jax_triton") is not None
+
+
 def supports(x, topk_ids, topk_weights, experts) -> str | None:
-    """Why the registered "triton" implementation cannot take these experts, or None."""
+    """Why the registered "triton" implementation cannot take this call, or None."""
+    if not have_jax_triton():
+        return "jax-triton is not installed (pip install jax-triton)"
     dm = expert_dims(experts)
     if not dm.int4 and (dm.hidden % 32 or dm.intermediate % 32):
         return f"the triton kernels need bf16 experts' d ({dm.hidden}) and I ({dm.intermediate}) to be multiples of 32"
