@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(PY) experiments/speculative_sweep.py --config=configs/sweep_default.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m 'not slow' --durations=15
+	$(PY) -m pytest -q -n 2 --dist worksteal -m 'not slow' --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
