@@ -2,8 +2,11 @@
 
 import os
 
-# The suite is dominated by XLA:CPU compilation of small programs: skip LLVM's expensive passes.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# The suite is dominated by XLA:CPU compilation of small programs: skip LLVM's expensive passes, and
+# emit fusions with XLA:CPU's older elemental emitter, which compiles faster than its MLIR fusion
+# emitters (a cold run of three test files: 58 -> 38 s).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false").strip()
 
 import jax  # noqa: E402
 
