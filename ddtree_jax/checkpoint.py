@@ -27,6 +27,7 @@ from ddtree_jax.model import init_target
 from ddtree_jax.safetensors_io import (FLOAT_DTYPES, INT_DTYPES, CheckpointError, TensorReader,
                                        listing, write_tensors)
 from pallas_kernels import moe
+from pallas_kernels.moe import int4
 
 __all__ = ["CheckpointError", "load_target", "save_target_hf", "save_checkpoint",
            "restore_checkpoint", "check_params"]
@@ -350,19 +351,29 @@ def save_target_hf(path: str | os.PathLike, cfg: ModelConfig, params, *,
 
 # ---- Orbax ---------------------------------------------------------------------------------
 
+def _int4_leaves(params) -> bool:
+    return any(str(getattr(k[-1], "key", "")).endswith("_qweight")
+               for k, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+
+
 def save_checkpoint(path: str | os.PathLike, cfg: ModelConfig, params) -> None:
-    """Orbax checkpoint: path/config.json (cfg.to_hf()) and path/params (the pytree as it is)."""
+    """Orbax checkpoint: path/config.json (cfg.to_hf()), path/params (the pytree as it is) and,
+    for INT4 experts (kept in the kernels' layout), path/int4_layout.json with its version."""
     check_params(cfg, params)
     path = os.path.abspath(os.fspath(path))
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg.to_hf(), f, indent=2)
+    if _int4_leaves(params):
+        with open(os.path.join(path, "int4_layout.json"), "w") as f:
+            json.dump({"int4_kernel_layout": int4.LAYOUT_VERSION}, f)
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(os.path.join(path, "params"), params)
 
 
 def restore_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
-    """Inverse of `save_checkpoint`: (cfg, params) bit-exact, params on the default device."""
+    """Inverse of `save_checkpoint`: (cfg, params) bit-exact, params on the default device. INT4
+    experts saved in another kernel layout version than this code's are refused (CheckpointError)."""
     path = os.path.abspath(os.fspath(path))
     cfg, _ = _read_config(path)
     params_dir = os.path.join(path, "params")
@@ -371,7 +382,21 @@ def restore_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with ocp.StandardCheckpointer() as ckpt:
         meta = ckpt.metadata(params_dir).item_metadata.tree
+        if _int4_leaves(meta):
+            _check_int4_layout(path)
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
         params = ckpt.restore(params_dir, target)
     check_params(cfg, params)
     return cfg, params
+
+
+def _check_int4_layout(path: str) -> None:
+    marker = os.path.join(path, "int4_layout.json")
+    version = 1                                     # checkpoints from before the marker existed
+    if os.path.exists(marker):
+        with open(marker) as f:
+            version = json.load(f).get("int4_kernel_layout")
+    if version != int4.LAYOUT_VERSION:
+        raise CheckpointError(f"{path}: its INT4 experts are in kernel layout version {version}, this code "
+                              f"reads version {int4.LAYOUT_VERSION}; convert them again from the HF "
+                              f"checkpoint (load_target) and save a new one")

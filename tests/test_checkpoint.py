@@ -216,9 +216,23 @@ def test_orbax_round_trip_bit_exact(tmp_path, quant, dtype):
     cfg = _cfg(quant)
     params = _random_params(cfg, dtype, seed=3)
     save_checkpoint(tmp_path, cfg, params)
+    assert os.path.exists(tmp_path / "int4_layout.json") == (quant == "int4")
     cfg2, params2 = restore_checkpoint(tmp_path)
     assert cfg2 == cfg
     _assert_identical(params, params2)
+
+
+def test_orbax_refuses_int4_experts_of_another_layout(tmp_path):
+    """INT4 experts are saved in the kernels' layout: a checkpoint without the layout marker (saved
+    before it existed, layout 1) or with another version is refused, not misread."""
+    cfg = _cfg("int4")
+    save_checkpoint(tmp_path, cfg, _random_params(cfg, jnp.bfloat16, seed=4))
+    os.remove(tmp_path / "int4_layout.json")
+    with pytest.raises(CheckpointError, match="kernel layout version 1, this code reads version 2"):
+        restore_checkpoint(tmp_path)
+    (tmp_path / "int4_layout.json").write_text(json.dumps({"int4_kernel_layout": 3}))
+    with pytest.raises(CheckpointError, match="kernel layout version 3"):
+        restore_checkpoint(tmp_path)
 
 
 # ---- bad input -----------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 a small interpreter of the instructions it uses, against the nibble arithmetic it replaces.
 
 Operand convention of `elementwise_inline_asm(..., pack=2)`: $0 is the output register (two bf16
-or float16, the first element in the low half), $1 and $2 the two neighbouring int32 words, $3
-the x2 scales (scaled variants).
+or float16, the first element in the low half), $1 and $2 the kernel-layout words of one row pair
+(rows r, r + 1 of a K block's word tile), $3 the x2 scales (scaled variants). The expected values
+come from the row pair's plane words L0, L1 (nibble j = plane j, the arithmetic the kernels
+replaced), stored as `int4.py` documents: $1 = L0[0:16] | L1[0:16] << 16, $2 = L0[16:32] | L1[16:32] << 16.
 """
 
 from __future__ import annotations
@@ -42,11 +44,6 @@ def run_ptx(src: str, args: list[int]) -> int:
         d, *ops = [t.strip() for t in rest.split(",")]
         if op == "mov.b32":
             out = val(ops[0])
-        elif op == "prmt.b32":     # default mode: selector nibble k picks byte k of the result
-            pool = val(ops[0]) | val(ops[1]) << 32
-            sel = val(ops[2])
-            assert sel & 0x8888 == 0, "sign-replicating selectors are not modelled"
-            out = sum(((pool >> 8 * (sel >> 4 * k & 7)) & 0xFF) << 8 * k for k in range(4))
         elif op == "shr.u32":
             out = val(ops[0]) >> val(ops[1])
         elif op == "lop3.b32":     # LUT over (a, b, c) = (0xF0, 0xCC, 0xAA) bit patterns
@@ -67,38 +64,55 @@ def run_ptx(src: str, args: list[int]) -> int:
     return regs["$0"]
 
 
+def _stored(l0: int, l1: int) -> list[int]:
+    """Plane words of rows r, r + 1 -> the two kernel-layout words ($1, $2)."""
+    l0, l1 = l0 & M32, l1 & M32
+    return [(l0 & 0xFFFF) | (l1 & 0xFFFF) << 16, l0 >> 16 | (l1 >> 16) << 16]
+
+
+def _nibbles(l0: int, l1: int, j: int) -> np.ndarray:
+    return np.array([((w & M32) >> 4 * j & 0xF) - 8 for w in (l0, l1)], np.float64)
+
+
 @pytest.mark.parametrize("j", range(8))
 def test_plane_asm_matches_nibbles(j):
     rng = fresh_rng()
     words = rng.integers(-2**31, 2**31, size=(64, 2), dtype=np.int64)
+    words[0] = (0x88888888 - 2**32, 0x77777777)      # n = 8 (zero) and n = 7 in every plane
     scales = rng.standard_normal((64, 2)).astype(BF16)
-    for (w0, w1), s in zip(words, scales):
-        nib = [((int(w) & M32) >> 4 * j & 0xF) - 8 for w in (w0, w1)]
-        got = _halves(run_ptx(ASM[j], [int(w0), int(w1)]))
-        np.testing.assert_array_equal(got, np.array(nib, np.float64))
-        got_s = _halves(run_ptx(ASM_SCALED[j], [int(w0), int(w1), _pack(s.astype(np.float64))]))
-        want = (np.array(nib, np.float64) * s.astype(np.float64)).astype(BF16).astype(np.float64)
+    for (l0, l1), s in zip(words, scales):
+        nib = _nibbles(int(l0), int(l1), j)
+        got = _halves(run_ptx(ASM[j], _stored(int(l0), int(l1))))
+        np.testing.assert_array_equal(got, nib)
+        got_s = _halves(run_ptx(ASM_SCALED[j], [*_stored(int(l0), int(l1)), _pack(s.astype(np.float64))]))
+        want = (nib * s.astype(np.float64)).astype(BF16).astype(np.float64)
         np.testing.assert_array_equal(got_s, want)
 
 
 @pytest.mark.parametrize("j", range(8))
 def test_plane_asm_f16_matches_nibbles(j):
-    """float16: n - 8 exactly (odd planes unshifted: (1024 + 16 n) / 16 - 72), times s rounded once."""
+    """float16: n - 8 exactly (nibble at bit 4: (1024 + 16 n) / 16 - 72), times s rounded once."""
     rng = fresh_rng()
     words = rng.integers(-2**31, 2**31, size=(64, 2), dtype=np.int64)
-    words[0] = (0x88888888 - 2**32, 0x77777777)      # n = 8 (zero) and n = 7 in every plane
+    words[0] = (0x88888888 - 2**32, 0x77777777)
     scales = (rng.standard_normal((64, 2)) * 0.01).astype(np.float16)
-    for (w0, w1), s in zip(words, scales):
-        nib = np.array([((int(w) & M32) >> 4 * j & 0xF) - 8 for w in (w0, w1)], np.float64)
-        np.testing.assert_array_equal(_halves(run_ptx(ASM_F16[j], [int(w0), int(w1)]), np.float16), nib)
-        got_s = _halves(run_ptx(ASM_F16_SCALED[j], [int(w0), int(w1), _pack(s.astype(np.float64), np.float16)]),
+    for (l0, l1), s in zip(words, scales):
+        nib = _nibbles(int(l0), int(l1), j)
+        stored = _stored(int(l0), int(l1))
+        np.testing.assert_array_equal(_halves(run_ptx(ASM_F16[j], stored), np.float16), nib)
+        got_s = _halves(run_ptx(ASM_F16_SCALED[j], [*stored, _pack(s.astype(np.float64), np.float16)]),
                         np.float16)
         want = (nib * s.astype(np.float64)).astype(np.float16).astype(np.float64)
         np.testing.assert_array_equal(got_s, want)
 
 
+def test_no_byte_gathering():
+    """Each plane reads one of the two words and needs at most one shift before its mask."""
+    for src in ASM + ASM_SCALED + ASM_F16 + ASM_F16_SCALED:
+        assert "prmt" not in src and src.count("shr.u32") <= 1 and ("$1" in src) != ("$2" in src)
+
+
 def test_interpreter_primitives():
-    """prmt and lop3 as the PTX manual defines them, on hand-checked values."""
-    assert run_ptx("prmt.b32 $0, $1, $2, 0x5140;", [0x44332211, 0x88776655]) == 0x66225511
+    """lop3 and shr as the PTX manual defines them, on hand-checked values."""
     assert run_ptx("lop3.b32 $0, $1, $2, $3, 0xEA;", [0xF0F0, 0x0FF0, 0x000F]) == 0x00FF
     assert run_ptx("shr.u32 $0, $1, 4;", [0x80000000]) == 0x08000000

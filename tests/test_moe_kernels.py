@@ -190,6 +190,26 @@ def test_int4_kernel_layout_roundtrip(d, i):
                                       np.asarray(v).view(np.uint16 if "scale" in key else np.int32))
 
 
+def test_kernel_layout_nibble_positions():
+    """Every nibble of the kernel layout where int4.py's docstring puts it: bit 4p of word row
+    kb*32 + r, column n holds K index kb*256 + (p % 4 + 4 (r % 2)) * 32 + (r - r % 2) + p // 4."""
+    rng = fresh_rng()
+    n, k = 3, 288                                     # K padded to 512: a full block and a tail block
+    packed = rng.integers(-2**31, 2**31, (1, n, k // 8), dtype=np.int64).astype(np.int32)
+    scale = jnp.ones((1, n, k // 32), jnp.bfloat16)
+    qweight, _ = int4.to_kernel_layout(jnp.asarray(packed), scale)
+    q = np.asarray(qweight[0]).view(np.uint32)
+    hf = np.asarray(packed[0]).view(np.uint32)
+    assert q.shape == (int4.padded_k(k) // 8, n)
+    for row in range(q.shape[0]):
+        kb, r = divmod(row, 32)
+        for col in range(n):
+            for p in range(8):
+                kk = kb * 256 + (p % 4 + 4 * (r % 2)) * 32 + (r - r % 2) + p // 4
+                want = (hf[col, kk // 8] >> 4 * (kk % 8)) & 0xF if kk < k else 8   # padding: zero weight
+                assert (q[row, col] >> 4 * p) & 0xF == want, (row, col, p)
+
+
 def test_bf16_experts_roundtrip():
     rng = fresh_rng()
     ws = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in ((4, 8, 16), (4, 8, 16), (4, 16, 8))]
@@ -343,15 +363,19 @@ VARIANTS = {"scale_weights": dict(scale_weights=True), "swap_ab": dict(swap_ab=T
             "down_tuning": dict(down_warps=8, down_stages=2), "cols_first": dict(cols_first=True)}
 
 
+@pytest.mark.parametrize("route", ["bits", pytest.param("asm", marks=pytest.mark.skipif(
+    jax.default_backend() != "gpu", reason="PTX dequantisation runs compiled, on a GPU"))])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_pallas_variants_match_golden(variant):
+def test_pallas_variants_match_golden(variant, route):
     """Each variant through moe_experts_pallas at T=1 (K below one block, idle experts; "all" also
     uneven routing with float32 and bf16 weights), then its gate_up / down kernels into NaN-poisoned
-    buffers: one expert receiving all tokens, K not a multiple of the block, bf16."""
+    buffers: one expert receiving all tokens, K not a multiple of the block, bf16. On a GPU also
+    with the PTX dequantisation, whose register pairs must be the layout's row pairs in every form
+    (swap_ab puts the weights on the MMA's other operand)."""
     from pallas_kernels.moe import pallas_triton as pt
     from pallas_kernels.moe.tuning import MoEConfig
 
-    cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits", **VARIANTS[variant])
+    cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant=route, **VARIANTS[variant])
     cases = [CASES[0]] + ([CASES[3], CASES[2]] if variant == "all" else [])
     for t, k, e, d, i, kind, is_int4, dtype in cases:
         rng = fresh_rng()

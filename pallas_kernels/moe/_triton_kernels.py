@@ -13,9 +13,10 @@ _F16, _F16_S = tl.constexpr(ASM_F16), tl.constexpr(ASM_F16_SCALED)
 
 
 @triton.jit
-def _plane(wq, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
-    """Plane J of a word tile [32, BN] as s's dtype (nibble - 8; times s [BN] when SCALE_W):
-    through PTX for bf16 / float16 (dequant.py's sources), else through integer ops."""
+def _plane(wq, wp, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
+    """Plane J of a kernel-layout word tile [32, BN] as s's dtype (nibble - 8; times s [BN] when
+    SCALE_W): through PTX for bf16 / float16 (ptx.py: one register pair = rows r, r + 1), else
+    through integer ops on wq and its row-pair partner wp (rows r ^ 1, `dequant.plane_nibbles`)."""
     if ASM_ON:
         if SCALE_W:
             sb = tl.broadcast_to(s[None, :], wq.shape)
@@ -31,7 +32,12 @@ def _plane(wq, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
             else:
                 p = tl.inline_asm_elementwise(_BF16[J], "=r,r,r", [wq], dtype=tl.bfloat16, is_pure=True, pack=2)
     else:
-        p = (((wq >> (4 * J)) & 15) - 8).to(s.dtype)
+        odd = (tl.arange(0, 32) % 2)[:, None]
+        if J < 4:
+            word = tl.where(odd == 0, wq, wp)
+        else:
+            word = tl.where(odd == 1, wq, wp)
+        p = (((word >> (4 * (J % 4) + 16 * odd)) & 15) - 8).to(s.dtype)
         if SCALE_W:
             p = p * s[None, :]
     return p
@@ -74,23 +80,29 @@ def _k_block(acc0, acc1, a_row, real, kb, w0, s0, w1, s1, cols, N, NP: tl.conste
     k0 = kb * 256
     if INT4:
         q0 = tl.load(w0 + (kb * 32 + r)[:, None] * N + cols[None, :])
+        p0 = q0      # the row-pair partner words, read only by the integer route
+        if not ASM_ON:
+            p0 = tl.load(w0 + (kb * 32 + (r ^ 1))[:, None] * N + cols[None, :])
         ss0 = _scale_planes(s0, kb, cols, N, NP, dt)
         if TWO:
             q1 = tl.load(w1 + (kb * 32 + r)[:, None] * N + cols[None, :])
+            p1 = q1
+            if not ASM_ON:
+                p1 = tl.load(w1 + (kb * 32 + (r ^ 1))[:, None] * N + cols[None, :])
             ss1 = _scale_planes(s1, kb, cols, N, NP, dt)
         for j in tl.static_range(NP):
             a = tl.load(a_row[:, None] + (k0 + 32 * j + r)[None, :], mask=real[:, None], other=0)
             sc0 = ss0[j]
             if SCALE_W:
-                acc0 += _dot(a, _plane(q0, sc0, j, ASM_ON, True))
+                acc0 += _dot(a, _plane(q0, p0, sc0, j, ASM_ON, True))
             else:
-                acc0 += _dot(a, _plane(q0, sc0, j, ASM_ON, False)) * sc0.to(tl.float32)[None, :]
+                acc0 += _dot(a, _plane(q0, p0, sc0, j, ASM_ON, False)) * sc0.to(tl.float32)[None, :]
             if TWO:
                 sc1 = ss1[j]
                 if SCALE_W:
-                    acc1 += _dot(a, _plane(q1, sc1, j, ASM_ON, True))
+                    acc1 += _dot(a, _plane(q1, p1, sc1, j, ASM_ON, True))
                 else:
-                    acc1 += _dot(a, _plane(q1, sc1, j, ASM_ON, False)) * sc1.to(tl.float32)[None, :]
+                    acc1 += _dot(a, _plane(q1, p1, sc1, j, ASM_ON, False)) * sc1.to(tl.float32)[None, :]
     else:
         for j in tl.static_range(NP):
             a = tl.load(a_row[:, None] + (k0 + 32 * j + r)[None, :], mask=real[:, None], other=0)

@@ -1,18 +1,21 @@
 """In-register INT4 -> 16-bit dequantisation of one kernel-layout word tile (shared by the kernels).
 
-A tile `wq` int32 [32, BN] of the kernel layout holds 8 nibble planes; plane j is the K group j of
-the current 256-wide K block. Values come out as `nibble - 8` exactly (the kernel applies the group scale,
-to the weights or to the dot output). Two routes:
-- "bits": plain lax bit ops. For bf16, the nibble is OR-ed into the bf16 pattern 0x4300 (= 128.0,
-  whose mantissa step is 1), giving 128 + nibble without an int->float convert; minus 136.
-- "asm" (GPU only): the same trick in PTX, two columns per 32-bit register: `prmt` gathers the byte
-  of two neighbouring words, `lop3` masks a nibble of each half and ORs the exponent, one
-  `fma.rn.bf16x2` subtracts 136 from both halves: 2-2.5 instructions per weight. One asm block
-  per plane, emitted right before its dot, keeps one plane live at a time. With the scale, one more
-  `fma.rn.bf16x2` (times s, plus -0) per two weights. float16 (`ptx.asm_source_f16`): the 0x6400
-  pattern (1024.0) has a 10-bit mantissa, so a high nibble stays in place, 1024 + 16 n, and one
-  `fma.rn.f16x2` by 1/16 minus 72 gives n - 8: odd planes need no shift (sm_90a PTX of the gate_up
-  loop at T = 64: 742 instructions per iteration against bf16's 805). The PTX sources: ptx.py.
+A tile `wq` int32 [32, BN] holds one 256-wide K block: 8 nibble planes (plane j is the K group j of
+the block), stored in row pairs (`int4.py`: word row r, r even, holds planes 0-3 of rows r and r +
+1, row r + 1 planes 4-7). Values come out as `nibble - 8` exactly (the kernel applies the group
+scale, to the weights or to the dot output). Two routes:
+- "asm" (GPU only): PTX on two columns' worth of one register pair: the MMA's B operand holds K rows
+  (r, r + 1) of a column in one register, and the kernel-layout words of those rows hold each plane's
+  two nibbles 16 bits apart, so `lop3` masks both and ORs the exponent pattern in one instruction.
+  bf16: 0x4300 (128.0, mantissa step 1) gives 128 + n, one `fma.rn.bf16x2` subtracts 136; planes
+  1-3 and 5-7 shift first. float16: the 0x6400 pattern (1024.0) has a 10-bit mantissa, so a nibble at
+  bit 4 stays in place, 1024 + 16 n, and one `fma.rn.f16x2` by 1/16 minus 72 gives n - 8; only
+  planes 2, 3, 6, 7 shift (by 8, once for both in the compiled loop). With the scale, one more
+  multiply per two weights. One asm block per plane, emitted right before its dot, keeps one plane
+  live at a time. The sources: ptx.py.
+- "bits": plain lax bit ops on each element, which needs the word of its row pair's other row too
+  (`partner`, the tile with rows r and r ^ 1 swapped). For bf16, the nibble is OR-ed into 0x4300,
+  giving 128 + nibble without an int->float convert; minus 136.
 """
 
 from __future__ import annotations
@@ -27,9 +30,19 @@ _MAGIC = 0x4300        # bf16 128.0
 _MAGIC_OFFSET = 136.0  # 128 + 8
 
 
-def plane_bits(wq, j: int, dtype, s=None):
-    """int32 [R, BN] -> plane j as `dtype` [R, BN] (nibble j - 8, times s [BN] when given)."""
-    nib = jax.lax.shift_right_logical(wq, jnp.int32(4 * j)) & 0xF
+def plane_nibbles(wq, partner, j: int):
+    """Kernel-layout word tile [R, BN] (R even, starting at an even row) and its row-pair partner
+    (rows r ^ 1) -> plane j's nibbles as int32 [R, BN]: row r's nibble lives in the word of row
+    r & ~1 (j < 4) or r | 1 (j >= 4), bits 4 (j % 4) + 16 (r % 2)."""
+    odd = jax.lax.broadcasted_iota(jnp.int32, wq.shape, 0) % 2
+    own = odd == (1 if j >= 4 else 0)
+    word = jnp.where(own, wq, partner)
+    return jax.lax.shift_right_logical(word, 4 * (j % 4) + 16 * odd) & 0xF
+
+
+def plane_bits(wq, partner, j: int, dtype, s=None):
+    """int32 [R, BN] and its partner -> plane j as `dtype` [R, BN] (nibble - 8, times s [BN])."""
+    nib = plane_nibbles(wq, partner, j)
     if dtype == jnp.bfloat16:
         v = jax.lax.bitcast_convert_type((nib | _MAGIC).astype(jnp.int16), jnp.bfloat16)
         v = v - jnp.asarray(_MAGIC_OFFSET, jnp.bfloat16)
@@ -39,8 +52,8 @@ def plane_bits(wq, j: int, dtype, s=None):
 
 
 def plane_asm(wq, j: int, dtype, s=None):
-    """int32 [R, BN] -> plane j as `dtype` (bf16 or float16) [R, BN] through inline PTX (two
-    columns per register); times the scales s [BN] (converted to `dtype`) when given."""
+    """int32 [R, BN] -> plane j as `dtype` (bf16 or float16) [R, BN] through inline PTX (one
+    register pair of rows r, r + 1 per call); times the scales s [BN] (in `dtype`) when given."""
     shape = [jax.ShapeDtypeStruct(wq.shape, dtype)]
     plain, scaled = (ASM_F16, ASM_F16_SCALED) if dtype == jnp.float16 else (ASM, ASM_SCALED)
     if s is None:
@@ -53,11 +66,13 @@ def plane_asm(wq, j: int, dtype, s=None):
     return out
 
 
-def plane(wq, j: int, dtype, route: str, s=None):
-    """Plane j of a kernel-layout word tile as `dtype`, through `route` ("asm" or "bits"); times
-    the group scales s [BN] when given."""
+def plane(wq, j: int, dtype, route: str, s=None, partner=None):
+    """Plane j of a kernel-layout word tile as `dtype`, through `route` ("asm" or "bits"; "bits"
+    needs the row-pair `partner` tile); times the group scales s [BN] when given."""
     if route == "asm":
         if dtype not in (jnp.bfloat16, jnp.float16):
             raise ValueError(f"dequant route 'asm' needs bfloat16 or float16 activations, got {dtype}")
         return plane_asm(wq, j, dtype, s)
-    return plane_bits(wq, j, dtype, s)
+    if partner is None:
+        raise ValueError("dequant route 'bits' needs the row-pair partner tile")
+    return plane_bits(wq, partner, j, dtype, s)

@@ -6,10 +6,14 @@ holds 8 nibbles per word, lowest K index in the lowest nibble, value = nibble - 
 
 Kernel layout (`[in, out]`, K padded to a multiple of KBLOCK=256 with zero weights and scales):
 `qweight` int32 [..., Kp/8, N], `qscale` bf16 or float16 [..., Kp/32, N] (float16: the Pallas
-kernels multiply in float16, `pallas_triton.f16_compute`). Nibble j of word row `kb*32 + r`
-holds K index `kb*256 + j*32 + r`, so within one 256-wide K block nibble plane j is the whole
-32-row group `kb*8 + j`: a kernel turns each plane into one [32, N] bf16 slab and one K=32 dot,
-and applies that group's scale to the slab or to the dot output (`MoEConfig.scale_weights`).
+kernels multiply in float16, `pallas_triton.f16_compute`). Within one 256-wide K block kb, nibble
+plane j (K group kb*8 + j) is a [32, N] slab, row r = K index kb*256 + j*32 + r, and a kernel turns
+each plane into one [32, N] 16-bit slab and one K=32 dot, applying that group's scale to the slab
+or to the dot output (`MoEConfig.scale_weights`). The 32 word rows of block kb hold those slabs in
+row pairs (r, r + 1), r even: word row kb*32 + r holds planes 0-3 of rows r (bits 0-15, plane j at
+bit 4j) and r + 1 (bits 16-31), word row kb*32 + r + 1 planes 4-7 the same way. A kernel's MMA
+takes B in registers holding K rows (r, r + 1) of one column, so each plane's two values are one
+mask apart in a single word (`ptx.py`): no byte gathering (PRMT) between the two words.
 """
 
 from __future__ import annotations
@@ -23,9 +27,15 @@ import numpy as np
 from pallas_kernels.checks import concrete
 
 SCALE_DTYPES = (jnp.bfloat16, jnp.float16)
+# Version of the kernel layout below; saved with Orbax checkpoints of converted experts
+# (1: each word one column's 8 planes, until 2026-12; 2: planes 0-3 / 4-7 of a row pair per word).
+LAYOUT_VERSION = 2
 GROUP = 32
 KBLOCK = 256          # K block of the kernel layout: 8 nibble planes x 32 rows
 PLANE = KBLOCK // 8   # rows per nibble plane == GROUP
+# A K block's nibbles [plane j = 4s + q, row r = 2i + h] sit at word row 2i + s, nibble 4h + q:
+# axes (s, q, i, h) of the K block <-> (i, s) word rows x (h, q) nibbles of a word.
+_BLOCK = (2, 4, PLANE // 2, 2)
 
 _SHIFTS = np.arange(8, dtype=np.uint32) * 4   # numpy: importing must not start a JAX backend
 
@@ -87,18 +97,26 @@ def _to_kernel_one(packed, scale, scale_dtype):
     n, k = packed.shape[0], packed.shape[1] * 8
     kp = padded_k(k)
     nib = jnp.pad(_unpack(packed), ((0, 0), (0, kp - k)), constant_values=8)
-    # [N, Kp] -> [Kp/256, r=32, N, j=8]: word (kb*32 + r, n) collects K index kb*256 + j*32 + r.
-    nib = nib.reshape(n, kp // KBLOCK, 8, PLANE).transpose(1, 3, 0, 2)
-    qweight = _pack(nib).reshape(kp // 8, n)
+    # [N, Kp] = [N, kb, s, q, i, h] -> words [kb, i, s, N] of nibbles (h, q)
+    nib = nib.reshape(n, kp // KBLOCK, *_BLOCK).transpose(1, 4, 2, 0, 5, 3)
+    qweight = _pack(nib.reshape(kp // 8, n * 8))
     qscale = jnp.pad(scale.astype(scale_dtype).T, ((0, (kp - k) // GROUP), (0, 0)))
     return qweight, qscale
+
+
+def _block_nibbles(qweight):
+    """qweight [..., Kp/8, N] -> nibbles [..., kb, s, q, i, h, N] (K index kb*256 + (4s+q)*32 + 2i+h)."""
+    *lead, w, n = qweight.shape
+    words = qweight.reshape(*lead, w // PLANE, PLANE // 2, 2, n)            # [.., kb, i, s, N]
+    nib = _unpack(words).reshape(*lead, w // PLANE, PLANE // 2, 2, n, 2, 4)   # [.., kb, i, s, N, h, q]
+    b = len(lead)
+    return nib.transpose(*range(b), b, b + 2, b + 5, b + 1, b + 4, b + 3)
 
 
 def _to_hf_one(qweight, qscale, k):
     """Inverse of `_to_kernel_one` for one matrix; `k` is the unpadded input dim."""
     kp, n = qweight.shape[0] * 8, qweight.shape[1]
-    nib = _unpack(qweight.reshape(kp // KBLOCK, PLANE, n))          # [Kp/256, 32, N*8] (n, j)
-    nib = nib.reshape(kp // KBLOCK, PLANE, n, 8).transpose(2, 0, 3, 1).reshape(n, kp)
+    nib = jnp.moveaxis(_block_nibbles(qweight), -1, 0).reshape(n, kp)
     return _pack(nib[:, :k]), qscale[: k // GROUP].T
 
 
@@ -147,10 +165,6 @@ def from_kernel_layout(qweight, qscale, k: int):
 def dequantize_kernel_layout(qweight, qscale, dtype=jnp.float32):
     """Kernel layout (qweight [..., Kp/8, N], qscale [..., Kp/32, N]) -> dtype [..., Kp, N]."""
     *lead, w, n = qweight.shape
-    kp = w * 8
-    nib = _unpack(jnp.swapaxes(qweight.reshape(*lead, kp // KBLOCK, PLANE, n), -1, -2))
-    nib = nib.reshape(*lead, kp // KBLOCK, n, PLANE, 8)                  # [.., kb, n, r, j]
-    q = jnp.moveaxis(nib, -3, -1).swapaxes(-3, -2).reshape(*lead, kp, n)  # [.., kb, j, r, n]
-    q = q.astype(jnp.float32) - 8.0
+    q = _block_nibbles(qweight).reshape(*lead, w * 8, n).astype(jnp.float32) - 8.0
     s = jnp.repeat(qscale.astype(jnp.float32), GROUP, axis=-2)
     return (q * s).astype(dtype)

@@ -8,7 +8,7 @@ dequantised weights (`scale_weights`, every tuned config) or the [BM, BN] f32 do
 1. gate_up: h[row] = SiLU(x[token] @ Wg) * (x[token] @ Wu), x gathered by token in the kernel.
 2. down: y[row] = w_row * (h[row] @ Wd), float32.
 INT4 experts with float16 scales (`int4.to_kernel_layout(scale_dtype=float16)`) multiply in float16:
-its 10-bit mantissa holds an odd plane's nibble in place (`ptx.asm_source_f16`: no shift) and
+its 10-bit mantissa holds a nibble at bit 4 in place (`ptx.asm_source_f16`: half the planes shift) and
 rounds the dequantised weights 8x finer than bf16. bf16 activations are then scaled per row by a
 power of two into float16's range (`to_f16_rows`, exact), gate_up writes float32 h, and the scales
 are undone in gate_up's epilogue and in down's row weights.
@@ -79,6 +79,10 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
         def kblock(kb, accs, n_planes):
             accs = list(accs)
             words = [qw[e, pl.ds(kb * int4.PLANE, int4.PLANE), cols] for qw, _ in ws]
+            partners = [None] * len(ws)
+            if route == "bits":     # each word's row-pair partner (rows r ^ 1), for plane_bits
+                rows = (kb * int4.PLANE + (jnp.arange(int4.PLANE) ^ 1))[:, None]
+                partners = [plgpu.load(qw.at[e, rows, (n0 + jnp.arange(bn))[None, :]]) for qw, _ in ws]
             # a full block's 8 scale rows as one [8, BN] load, split into the planes' rows
             scales = [[r[0] for r in jnp.split(qs[e, pl.ds(kb * 8, 8), cols], 8, axis=0)]
                       if n_planes == 8 else None for _, qs in ws]
@@ -87,10 +91,10 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
                 for i, (_, qs) in enumerate(ws):
                     s = scales[i][j] if scales[i] else qs[e, kb * 8 + j, cols]
                     if cfg.scale_weights:
-                        accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route, s), swap)
+                        accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route, s, partners[i]), swap)
                     else:
                         s = s.astype(jnp.float32)
-                        d = _dot(a, plane(words[i], j, dtype, route), swap)
+                        d = _dot(a, plane(words[i], j, dtype, route, partner=partners[i]), swap)
                         accs[i] = accs[i] + d * (s[:, None] if swap else s[None, :])
             return tuple(accs)
 
