@@ -41,21 +41,31 @@ def align_routing(topk_ids, num_experts: int, block_m: int) -> Routing:
     flat = topk_ids.reshape(-1).astype(jnp.int32)
     n = flat.shape[0]
     nb = max_blocks(n, num_experts, block_m)
-    counts = jnp.bincount(flat, length=num_experts)
-    padded = (counts + block_m - 1) // block_m * block_m
-    start_padded = jnp.cumsum(padded) - padded
     slot = jnp.arange(n, dtype=jnp.int32)
+    experts = jnp.arange(num_experts, dtype=jnp.int32)
     if n <= COUNT_MAX_SLOTS:
+        # Comparisons and sums only: each a single fused reduction on the GPU, where a bincount,
+        # cumsum or scatter is a kernel of its own (plus one to initialise its output).
+        counts = jnp.sum(flat[None, :] == experts[:, None], axis=1, dtype=jnp.int32)
+        padded = (counts + block_m - 1) // block_m * block_m
+        start_padded = jnp.sum(jnp.where(experts[None, :] < experts[:, None], padded[None, :], 0), axis=1)
         earlier = (flat[None, :] == flat[:, None]) & (slot[None, :] < slot[:, None])
-        row = start_padded[flat] + jnp.sum(earlier, axis=1, dtype=jnp.int32)
-        order, expert = slot, flat
+        row = (start_padded[flat] + jnp.sum(earlier, axis=1, dtype=jnp.int32)).astype(jnp.int32)
+        slot_row, order = row, slot
+        # block b belongs to the expert whose padded run covers row b * block_m (every block of a
+        # run holds at least one real row)
+        first = jnp.arange(nb, dtype=jnp.int32)[:, None] * block_m
+        covers = (start_padded[None, :] <= first) & (first < (start_padded + padded)[None, :])
+        block_expert = jnp.max(jnp.where(covers, experts[None, :], -1), axis=1)
     else:
+        counts = jnp.bincount(flat, length=num_experts)
+        padded = (counts + block_m - 1) // block_m * block_m
+        start_padded = jnp.cumsum(padded) - padded
         order = jnp.argsort(flat, stable=True).astype(jnp.int32)     # slots grouped by expert
         expert = flat[order]
         start = jnp.cumsum(counts) - counts
-        row = start_padded[expert] + slot - start[expert]
-    row = row.astype(jnp.int32)
+        row = (start_padded[expert] + slot - start[expert]).astype(jnp.int32)
+        slot_row = jnp.zeros((n,), jnp.int32).at[order].set(row)
+        block_expert = jnp.full((nb,), -1, jnp.int32).at[row // block_m].set(expert)
     row_slot = jnp.full((nb * block_m,), n, jnp.int32).at[row].set(order)
-    slot_row = jnp.zeros((n,), jnp.int32).at[order].set(row)
-    block_expert = jnp.full((nb,), -1, jnp.int32).at[row // block_m].set(expert)
-    return Routing(row_slot, block_expert, slot_row)
+    return Routing(row_slot, block_expert.astype(jnp.int32), slot_row)
