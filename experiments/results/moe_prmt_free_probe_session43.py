@@ -216,41 +216,93 @@ def moe_fn(mod):
     return f
 
 
-def main(_):
+E, D, I, K = 384, 7168, 2048, 8
+
+
+def random_experts(scale_dtype) -> dict:
+    """INT4 experts at the K2 layer shape: random words (every layout's nibbles uniform), scales
+    ~ absmax / 7.5 of N(0, 0.02) weights, as kernel_bench.py makes them."""
+    keys = jax.random.split(jax.random.key(1), 8)
+    ex = {}
+    for j, (name, kk, n) in enumerate((("gate", int4.padded_k(D), I), ("up", int4.padded_k(D), I),
+                                       ("down", int4.padded_k(I), D))):
+        ex[f"{name}_qweight"] = jax.lax.bitcast_convert_type(
+            jax.random.bits(keys[2 * j], (E, kk // 8, n), jnp.uint32), jnp.int32)
+        ex[f"{name}_qscale"] = jax.random.uniform(keys[2 * j + 1], (E, kk // 32, n), minval=0.004,
+                                                  maxval=0.01).astype(jnp.bfloat16).astype(scale_dtype)
+    return ex
+
+
+def token_inputs(t: int):
+    """Four (x, ids, w) inputs of T tokens and the bytes a call must move."""
+    keys = jax.random.split(jax.random.key(1), 8)
+    ids_all, w_all, _ = _routings(jax.random.fold_in(keys[7], t), t, E, K, 4)
+    xs = [jax.random.normal(jax.random.fold_in(keys[6], 100 * t + r), (t, D), jnp.bfloat16) for r in range(4)]
+    inputs = [(xs[r], ids_all[r], w_all[r]) for r in range(4)]
+    active = float(np.mean([np.unique(np.asarray(a)).size for a in ids_all]))
+    return inputs, active * 3 * D * I * (0.5 + 2 / 32) + 2 * t * D * 2
+
+
+def time_rounds(t: int, calls: dict, inputs, nbytes: float, bw: float, rows: list) -> None:
+    """FLAGS.pf_rounds interleaved rounds over calls {name: f(x, ids, w)}: wall time and traced
+    device time per call; rows (appended) and FLAGS.pf_out get one JSON line each."""
+    for rnd in range(FLAGS.pf_rounds):
+        for name, call in calls.items():
+            it = iter(range(1 << 30))
+            sec = _time(lambda: call(*inputs[next(it) % 4]), FLAGS.min_time_s)
+            tr = bench_util.traced_device_time(call, *inputs[0])
+            top = {kk["name"]: kk["us"] for kk in tr["top"]}
+            row = dict(T=t, variant=name, round=rnd, wall_us=sec * 1e6, device_us=tr["busy_us"],
+                       gate_up_us=top.get("gate_up"), down_us=top.get("down"),
+                       pct_copy_device=100 * nbytes / (tr["busy_us"] * 1e-6) / bw, scale_dtype=FLAGS.scale_dtype)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if FLAGS.pf_out:
+                with open(FLAGS.pf_out, "a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+
+
+def print_table(rows: list, names, copy_tbps: float) -> None:
+    print(f"\nscale {FLAGS.scale_dtype}; copy {copy_tbps:.3f} TB/s; medians over {FLAGS.pf_rounds} rounds")
+    print("| T | variant | device us | % copy | gate_up us | down us | wall us |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for t in map(int, FLAGS.tokens):
+        for name in names:
+            sel = [r for r in rows if r["T"] == t and r["variant"] == name]
+            if not sel:
+                continue
+            med = lambda key: float(np.median([r[key] for r in sel]))  # noqa: E731
+            print(f"| {t} | {name} | {med('device_us'):.1f} | {med('pct_copy_device'):.1f} | {med('gate_up_us'):.1f} | "
+                  f"{med('down_us'):.1f} | {med('wall_us'):.1f} |")
+
+
+def setup_gpu() -> dict:
+    """Imports jax_triton (which blanks TRITON_CACHE_DIR: restored for do_bench) and measures the
+    ceilings."""
     saved = os.environ.get("TRITON_CACHE_DIR", "/tmp/th/cache")
-    import jax_triton  # noqa: F401
-    from pallas_kernels.moe import _triton_kernels as base_mod
-    os.environ["TRITON_CACHE_DIR"] = saved   # jax_triton blanks it on import; do_bench's driver needs one
+    import jax_triton  # noqa: F401,F811
+    os.environ["TRITON_CACHE_DIR"] = saved
     ceil = bench_util.measure_ceilings()
     print("ceilings", ceil, flush=True)
-    bw = ceil["copy_tbps"] * 1e12
-    e, d, i, k = 384, 7168, 2048, 8
-    keys = jax.random.split(jax.random.key(1), 8)
-    sd = jnp.dtype(FLAGS.scale_dtype)
-    ex = {}
-    for j, (name, kk, n) in enumerate((("gate", int4.padded_k(d), i), ("up", int4.padded_k(d), i),
-                                       ("down", int4.padded_k(i), d))):
-        ex[f"{name}_qweight"] = jax.lax.bitcast_convert_type(
-            jax.random.bits(keys[2 * j], (e, kk // 8, n), jnp.uint32), jnp.int32)
-        ex[f"{name}_qscale"] = jax.random.uniform(keys[2 * j + 1], (e, kk // 32, n), minval=0.004,
-                                                  maxval=0.01).astype(jnp.bfloat16).astype(sd)
+    return ceil
+
+
+def main(_):
+    ceil = setup_gpu()
+    from pallas_kernels.moe import _triton_kernels as base_mod
+    ex = random_experts(jnp.dtype(FLAGS.scale_dtype))
     ex_pf = {kk: (to_prmt_free(v) if kk.endswith("qweight") else v) for kk, v in ex.items()}
     fns = {"base": (moe_fn(base_mod), ex), "pf": (moe_fn(variant_module(False)), ex_pf),
            "pf2": (moe_fn(variant_module(True)), ex_pf)}
     fns = {v: fns[v] for v in FLAGS.pf_variants}
-    expert_bytes = 3 * d * i * (0.5 + 2 / 32)
     rows = []
     for t in map(int, FLAGS.tokens):
         cfg = tuning.config(t)
-        ids_all, w_all, _ = _routings(jax.random.fold_in(keys[7], t), t, e, k, 4)
-        ids_all, w_all = [ids_all[r] for r in range(4)], [w_all[r] for r in range(4)]
-        xs = [jax.random.normal(jax.random.fold_in(keys[6], 100 * t + r), (t, d), jnp.bfloat16) for r in range(4)]
-        active = float(np.mean([np.unique(np.asarray(a)).size for a in ids_all]))
-        nbytes = active * expert_bytes + 2 * t * d * 2
-        ref = np.asarray(moe_experts_xla(xs[0], ids_all[0], w_all[0], ex).astype(jnp.float32), np.float64)
+        inputs, nbytes = token_inputs(t)
+        ref = np.asarray(moe_experts_xla(*inputs[0], ex).astype(jnp.float32), np.float64)
         base_out = None
         for name, (fn, exv) in fns.items():
-            out = np.asarray(fn(xs[0], ids_all[0], w_all[0], exv, cfg=cfg).astype(jnp.float32), np.float64)
+            out = np.asarray(fn(*inputs[0], exv, cfg=cfg).astype(jnp.float32), np.float64)
             err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
             same = None if base_out is None else bool(np.array_equal(out, base_out))
             if name == "base":
@@ -258,31 +310,10 @@ def main(_):
             print(f"check T={t} {name}: rel err vs xla {err:.3e}, bitwise equal to base: {same}", flush=True)
             if not err < 2e-2 or same is False:
                 raise SystemExit(f"{name} at T={t} is wrong")
-        for rnd in range(FLAGS.pf_rounds):
-            for name, (fn, exv) in fns.items():
-                it = iter(range(1 << 30))
-                sec = _time(lambda: (lambda r: fn(xs[r], ids_all[r], w_all[r], exv, cfg=cfg))(next(it) % 4),
-                            FLAGS.min_time_s)
-                tr = bench_util.traced_device_time(lambda x, a, b, ee: fn(x, a, b, ee, cfg=cfg), xs[0], ids_all[0],
-                                                   w_all[0], exv)
-                top = {kk["name"]: kk["us"] for kk in tr["top"]}
-                row = dict(T=t, variant=name, round=rnd, wall_us=sec * 1e6, device_us=tr["busy_us"],
-                           gate_up_us=top.get("gate_up"), down_us=top.get("down"),
-                           pct_copy_device=100 * nbytes / (tr["busy_us"] * 1e-6) / bw, scale_dtype=FLAGS.scale_dtype)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                if FLAGS.pf_out:
-                    with open(FLAGS.pf_out, "a") as fh:
-                        fh.write(json.dumps(row) + "\n")
-    print(f"\nscale {FLAGS.scale_dtype}; copy {ceil['copy_tbps']:.3f} TB/s; medians over {FLAGS.pf_rounds} rounds")
-    print("| T | variant | device us | % copy | gate_up us | down us | wall us |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
-    for t in map(int, FLAGS.tokens):
-        for name in fns:
-            sel = [r for r in rows if r["T"] == t and r["variant"] == name]
-            med = lambda key: float(np.median([r[key] for r in sel]))
-            print(f"| {t} | {name} | {med('device_us'):.1f} | {med('pct_copy_device'):.1f} | {med('gate_up_us'):.1f} | "
-                  f"{med('down_us'):.1f} | {med('wall_us'):.1f} |")
+        calls = {name: functools.partial(lambda x, a, b, fn, exv: fn(x, a, b, exv, cfg=cfg), fn=fn, exv=exv)
+                 for name, (fn, exv) in fns.items()}
+        time_rounds(t, calls, inputs, nbytes, ceil["copy_tbps"] * 1e12, rows)
+    print_table(rows, fns, ceil["copy_tbps"])
 
 
 if __name__ == "__main__":
