@@ -6,18 +6,21 @@ expert; within an expert, slots keep their order. Shapes are static for a given 
 block_m): the number of blocks is the worst case over all routings, unused trailing blocks carry
 expert -1. A slot's place within its expert's run is the count of earlier slots routed to the same
 expert: for up to COUNT_MAX_SLOTS slots it is counted directly (one [n, n] comparison, a single
-fused reduction); beyond, a stable argsort gives it (on the H200 each XLA sort of a decode step's
-routing took 4.6 us at 65 tokens and 18.6 us at 1040 tokens).
+fused reduction), and the expert counts and padded run starts are comparison sums too; beyond, a
+stable argsort gives it.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-COUNT_MAX_SLOTS = 4096  # T*k up to which the place in the expert's run is counted, not sorted
-
 import jax
 import jax.numpy as jnp
+
+# T*k up to which the place in the expert's run is counted, not sorted: on the H200 (K2 routing,
+# 16-row blocks) the counting form took 7.9-14.6 us up to 4,160 slots and 31.6 at 8,320 against
+# the sort's 18.8-59.3 and 70.8; at 16,384 the sort is faster (67.5 against 89.8).
+COUNT_MAX_SLOTS = 10240
 
 
 class Routing(NamedTuple):
@@ -52,11 +55,6 @@ def align_routing(topk_ids, num_experts: int, block_m: int) -> Routing:
         earlier = (flat[None, :] == flat[:, None]) & (slot[None, :] < slot[:, None])
         row = (start_padded[flat] + jnp.sum(earlier, axis=1, dtype=jnp.int32)).astype(jnp.int32)
         slot_row, order = row, slot
-        # block b belongs to the expert whose padded run covers row b * block_m (every block of a
-        # run holds at least one real row)
-        first = jnp.arange(nb, dtype=jnp.int32)[:, None] * block_m
-        covers = (start_padded[None, :] <= first) & (first < (start_padded + padded)[None, :])
-        block_expert = jnp.max(jnp.where(covers, experts[None, :], -1), axis=1)
     else:
         counts = jnp.bincount(flat, length=num_experts)
         padded = (counts + block_m - 1) // block_m * block_m
@@ -66,6 +64,7 @@ def align_routing(topk_ids, num_experts: int, block_m: int) -> Routing:
         start = jnp.cumsum(counts) - counts
         row = (start_padded[expert] + slot - start[expert]).astype(jnp.int32)
         slot_row = jnp.zeros((n,), jnp.int32).at[order].set(row)
-        block_expert = jnp.full((nb,), -1, jnp.int32).at[row // block_m].set(expert)
     row_slot = jnp.full((nb * block_m,), n, jnp.int32).at[row].set(order)
-    return Routing(row_slot, block_expert.astype(jnp.int32), slot_row)
+    first = row_slot[::block_m]     # real in every used block: an expert's padding is < block_m rows
+    block_expert = jnp.where(first < n, flat[jnp.minimum(first, n - 1)], -1)
+    return Routing(row_slot, block_expert, slot_row)
