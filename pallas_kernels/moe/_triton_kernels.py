@@ -13,10 +13,10 @@ _F16, _F16_S = tl.constexpr(ASM_F16), tl.constexpr(ASM_F16_SCALED)
 
 
 @triton.jit
-def _plane(wq, wp, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
-    """Plane J of a kernel-layout word tile [32, BN] as s's dtype (nibble - 8; times s [BN] when
+def _plane(wq, w03, w47, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
+    """Plane J of a kernel-layout word tile wq [32, BN] as s's dtype (nibble - 8; times s [BN] when
     SCALE_W): through PTX for bf16 / float16 (ptx.py: one register pair = rows r, r + 1), else
-    through integer ops on wq and its row-pair partner wp (rows r ^ 1, `dequant.plane_nibbles`)."""
+    through integer ops on each row's planes 0-3 / 4-7 in w03 / w47 (`_row_words`)."""
     if ASM_ON:
         if SCALE_W:
             sb = tl.broadcast_to(s[None, :], wq.shape)
@@ -32,15 +32,30 @@ def _plane(wq, wp, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constex
             else:
                 p = tl.inline_asm_elementwise(_BF16[J], "=r,r,r", [wq], dtype=tl.bfloat16, is_pure=True, pack=2)
     else:
-        odd = (tl.arange(0, 32) % 2)[:, None]
         if J < 4:
-            word = tl.where(odd == 0, wq, wp)
+            p = (((w03 >> (4 * J)) & 15) - 8).to(s.dtype)
         else:
-            word = tl.where(odd == 1, wq, wp)
-        p = (((word >> (4 * (J % 4) + 16 * odd)) & 15) - 8).to(s.dtype)
+            p = (((w47 >> (4 * (J - 4))) & 15) - 8).to(s.dtype)
         if SCALE_W:
             p = p * s[None, :]
     return p
+
+
+@triton.jit
+def _row_words(w, kb, cols, N, ASM_ON: tl.constexpr):
+    """Word tile [32, BN] of K block kb at `cols` (w: this matrix's words [KW, N]) and, for the
+    integer route (ASM_ON false), each row's planes 0-3 / 4-7 in the low 16 bits (`dequant.row_words`:
+    from the row-pair partner, rows r ^ 1); with ASM_ON those two are the tile itself, unused."""
+    r = tl.arange(0, 32)
+    q = tl.load(w + (kb * 32 + r)[:, None] * N + cols[None, :])
+    w03 = q
+    w47 = q
+    if not ASM_ON:
+        odd = (r % 2)[:, None]
+        p = tl.load(w + (kb * 32 + (r ^ 1))[:, None] * N + cols[None, :])
+        w03 = tl.where(odd == 1, p, q) >> (16 * odd)
+        w47 = tl.where(odd == 1, q, p) >> (16 * odd)
+    return q, w03, w47
 
 
 @triton.jit
@@ -79,30 +94,24 @@ def _k_block(acc0, acc1, a_row, real, kb, w0, s0, w1, s1, cols, N, NP: tl.conste
     r = tl.arange(0, 32)
     k0 = kb * 256
     if INT4:
-        q0 = tl.load(w0 + (kb * 32 + r)[:, None] * N + cols[None, :])
-        p0 = q0      # the row-pair partner words, read only by the integer route
-        if not ASM_ON:
-            p0 = tl.load(w0 + (kb * 32 + (r ^ 1))[:, None] * N + cols[None, :])
+        q0, lo0, hi0 = _row_words(w0, kb, cols, N, ASM_ON)
         ss0 = _scale_planes(s0, kb, cols, N, NP, dt)
         if TWO:
-            q1 = tl.load(w1 + (kb * 32 + r)[:, None] * N + cols[None, :])
-            p1 = q1
-            if not ASM_ON:
-                p1 = tl.load(w1 + (kb * 32 + (r ^ 1))[:, None] * N + cols[None, :])
+            q1, lo1, hi1 = _row_words(w1, kb, cols, N, ASM_ON)
             ss1 = _scale_planes(s1, kb, cols, N, NP, dt)
         for j in tl.static_range(NP):
             a = tl.load(a_row[:, None] + (k0 + 32 * j + r)[None, :], mask=real[:, None], other=0)
             sc0 = ss0[j]
             if SCALE_W:
-                acc0 += _dot(a, _plane(q0, p0, sc0, j, ASM_ON, True))
+                acc0 += _dot(a, _plane(q0, lo0, hi0, sc0, j, ASM_ON, True))
             else:
-                acc0 += _dot(a, _plane(q0, p0, sc0, j, ASM_ON, False)) * sc0.to(tl.float32)[None, :]
+                acc0 += _dot(a, _plane(q0, lo0, hi0, sc0, j, ASM_ON, False)) * sc0.to(tl.float32)[None, :]
             if TWO:
                 sc1 = ss1[j]
                 if SCALE_W:
-                    acc1 += _dot(a, _plane(q1, p1, sc1, j, ASM_ON, True))
+                    acc1 += _dot(a, _plane(q1, lo1, hi1, sc1, j, ASM_ON, True))
                 else:
-                    acc1 += _dot(a, _plane(q1, p1, sc1, j, ASM_ON, False)) * sc1.to(tl.float32)[None, :]
+                    acc1 += _dot(a, _plane(q1, lo1, hi1, sc1, j, ASM_ON, False)) * sc1.to(tl.float32)[None, :]
     else:
         for j in tl.static_range(NP):
             a = tl.load(a_row[:, None] + (k0 + 32 * j + r)[None, :], mask=real[:, None], other=0)

@@ -14,8 +14,9 @@ scale, to the weights or to the dot output). Two routes:
   multiply per two weights. One asm block per plane, emitted right before its dot, keeps one plane
   live at a time. The sources: ptx.py.
 - "bits": plain lax bit ops on each element, which needs the word of its row pair's other row too
-  (`partner`, the tile with rows r and r ^ 1 swapped). For bf16, the nibble is OR-ed into 0x4300,
-  giving 128 + nibble without an int->float convert; minus 136.
+  (`partner`, the tile with rows r and r ^ 1 swapped; `row_words` sorts each row's 16 bits out of
+  the two once per K block). For bf16, the nibble is OR-ed into 0x4300, giving 128 + nibble
+  without an int->float convert; minus 136.
 """
 
 from __future__ import annotations
@@ -30,19 +31,21 @@ _MAGIC = 0x4300        # bf16 128.0
 _MAGIC_OFFSET = 136.0  # 128 + 8
 
 
-def plane_nibbles(wq, partner, j: int):
-    """Kernel-layout word tile [R, BN] (R even, starting at an even row) and its row-pair partner
-    (rows r ^ 1) -> plane j's nibbles as int32 [R, BN]: row r's nibble lives in the word of row
-    r & ~1 (j < 4) or r | 1 (j >= 4), bits 4 (j % 4) + 16 (r % 2)."""
+def row_words(wq, partner):
+    """Kernel-layout word tile [R, BN] (R even, from an even row) and its row-pair partner (rows
+    r ^ 1) -> (w03, w47) int32 [R, BN]: each row's 16 bits of planes 0-3 and of planes 4-7 in the
+    low half (plane j at bit 4 (j % 4)). Row r's planes 0-3 live in word row r & ~1, 4-7 in r | 1,
+    in the half r % 2. Once per K block; `plane_bits` then needs one shift and mask per plane."""
     odd = jax.lax.broadcasted_iota(jnp.int32, wq.shape, 0) % 2
-    own = odd == (1 if j >= 4 else 0)
-    word = jnp.where(own, wq, partner)
-    return jax.lax.shift_right_logical(word, 4 * (j % 4) + 16 * odd) & 0xF
+    half = 16 * odd
+    w03 = jax.lax.shift_right_logical(jnp.where(odd == 1, partner, wq), half)
+    w47 = jax.lax.shift_right_logical(jnp.where(odd == 1, wq, partner), half)
+    return w03, w47
 
 
-def plane_bits(wq, partner, j: int, dtype, s=None):
-    """int32 [R, BN] and its partner -> plane j as `dtype` [R, BN] (nibble - 8, times s [BN])."""
-    nib = plane_nibbles(wq, partner, j)
+def plane_bits(words, j: int, dtype, s=None):
+    """`row_words`' (w03, w47) -> plane j as `dtype` [R, BN] (nibble - 8, times s [BN] when given)."""
+    nib = jax.lax.shift_right_logical(words[j // 4], jnp.int32(4 * (j % 4))) & 0xF
     if dtype == jnp.bfloat16:
         v = jax.lax.bitcast_convert_type((nib | _MAGIC).astype(jnp.int16), jnp.bfloat16)
         v = v - jnp.asarray(_MAGIC_OFFSET, jnp.bfloat16)
@@ -66,13 +69,13 @@ def plane_asm(wq, j: int, dtype, s=None):
     return out
 
 
-def plane(wq, j: int, dtype, route: str, s=None, partner=None):
-    """Plane j of a kernel-layout word tile as `dtype`, through `route` ("asm" or "bits"; "bits"
-    needs the row-pair `partner` tile); times the group scales s [BN] when given."""
+def plane(wq, j: int, dtype, route: str, s=None, words=None):
+    """Plane j of a kernel-layout word tile as `dtype`, through `route` ("asm", or "bits", which
+    takes the tile's `row_words` as `words`); times the group scales s [BN] when given."""
     if route == "asm":
         if dtype not in (jnp.bfloat16, jnp.float16):
             raise ValueError(f"dequant route 'asm' needs bfloat16 or float16 activations, got {dtype}")
         return plane_asm(wq, j, dtype, s)
-    if partner is None:
-        raise ValueError("dequant route 'bits' needs the row-pair partner tile")
-    return plane_bits(wq, partner, j, dtype, s)
+    if words is None:
+        raise ValueError("dequant route 'bits' needs the tile's row_words")
+    return plane_bits(words, j, dtype, s)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from pallas_kernels import registry
 from pallas_kernels.moe import int4, tuning
 from pallas_kernels.moe.align import align_routing
-from pallas_kernels.moe.dequant import plane
+from pallas_kernels.moe.dequant import plane, row_words
 from pallas_kernels.moe.experts import Dims, check_moe_inputs, dims as expert_dims
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
@@ -79,10 +79,11 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
         def kblock(kb, accs, n_planes):
             accs = list(accs)
             words = [qw[e, pl.ds(kb * int4.PLANE, int4.PLANE), cols] for qw, _ in ws]
-            partners = [None] * len(ws)
-            if route == "bits":     # each word's row-pair partner (rows r ^ 1), for plane_bits
+            halves = [None] * len(ws)
+            if route == "bits":     # with each word's row-pair partner (rows r ^ 1)
                 rows = (kb * int4.PLANE + (jnp.arange(int4.PLANE) ^ 1))[:, None]
-                partners = [plgpu.load(qw.at[e, rows, (n0 + jnp.arange(bn))[None, :]]) for qw, _ in ws]
+                halves = [row_words(w, plgpu.load(qw.at[e, rows, (n0 + jnp.arange(bn))[None, :]]))
+                          for w, (qw, _) in zip(words, ws)]
             # a full block's 8 scale rows as one [8, BN] load, split into the planes' rows
             scales = [[r[0] for r in jnp.split(qs[e, pl.ds(kb * 8, 8), cols], 8, axis=0)]
                       if n_planes == 8 else None for _, qs in ws]
@@ -91,10 +92,10 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
                 for i, (_, qs) in enumerate(ws):
                     s = scales[i][j] if scales[i] else qs[e, kb * 8 + j, cols]
                     if cfg.scale_weights:
-                        accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route, s, partners[i]), swap)
+                        accs[i] = accs[i] + _dot(a, plane(words[i], j, dtype, route, s, halves[i]), swap)
                     else:
                         s = s.astype(jnp.float32)
-                        d = _dot(a, plane(words[i], j, dtype, route, partner=partners[i]), swap)
+                        d = _dot(a, plane(words[i], j, dtype, route, words=halves[i]), swap)
                         accs[i] = accs[i] + d * (s[:, None] if swap else s[None, :])
             return tuple(accs)
 
