@@ -6,26 +6,48 @@ when the activations are float16, and the min_bm bodies. No split-K, swap_ab or 
 import triton
 import triton.language as tl
 
-from pallas_kernels.moe.ptx import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
+from pallas_kernels.moe.ptx import ASM, ASM_F16, ASM_FUSED, ASM_FUSED_F16, FUSED_M, fused_multiplier_exponent
 
-_BF16, _BF16_S = tl.constexpr(ASM), tl.constexpr(ASM_SCALED)
-_F16, _F16_S = tl.constexpr(ASM_F16), tl.constexpr(ASM_F16_SCALED)
+_BF16, _F16 = tl.constexpr(ASM), tl.constexpr(ASM_F16)
+_FUSED_BF16, _FUSED_F16 = tl.constexpr(ASM_FUSED), tl.constexpr(ASM_FUSED_F16)
+# the fused forms' multipliers (even, odd planes) and offset per unit of scale, and the sums' factor
+_MUL_BF16 = tl.constexpr(tuple(2.0 ** fused_multiplier_exponent(j, "bfloat16") for j in range(2)))
+# float16: each multiplier as two factors that are float16 numbers (2^18 is none)
+_MUL_F16 = tl.constexpr(tuple(2.0 ** (fused_multiplier_exponent(j, "float16") // 2) for j in range(2)))
+_OFF_BF16, _OFF_F16 = tl.constexpr(-8.0 * 2.0 ** -FUSED_M["bfloat16"]), tl.constexpr(-8.0 * 2.0 ** -FUSED_M["float16"])
+_UNDO_BF16, _UNDO_F16 = tl.constexpr(2.0 ** FUSED_M["bfloat16"]), tl.constexpr(2.0 ** FUSED_M["float16"])
+
+
+@triton.jit
+def _fused(s, J: tl.constexpr):
+    """Plane J's scales s [BN] -> the fused forms' multiplier and offset [BN] in s's dtype
+    (`dequant.fused_factors`), exact: powers of two within range. bf16 through float32: Triton
+    3.6 makes a Python float operand of a bf16 tensor a bf16 constant that flushes 2^-29 to 0."""
+    if s.dtype == tl.float16:
+        mult, off = s * _MUL_F16[J % 2] * _MUL_F16[J % 2], s * _OFF_F16
+    else:
+        f = s.to(tl.float32)
+        mult, off = f * _MUL_BF16[J % 2], f * _OFF_BF16
+    return mult.to(s.dtype), off.to(s.dtype)
 
 
 @triton.jit
 def _plane(wq, w03, w47, s, J: tl.constexpr, ASM_ON: tl.constexpr, SCALE_W: tl.constexpr):
     """Plane J of a kernel-layout word tile wq [32, BN] as s's dtype (nibble - 8; times s [BN] when
-    SCALE_W): through PTX for bf16 / float16 (ptx.py: one register pair = rows r, r + 1), else
-    through integer ops on each row's planes 0-3 / 4-7 in w03 / w47 (`_row_words`)."""
+    SCALE_W): through PTX for bf16 / float16 (ptx.py: one register pair = rows r, r + 1; with
+    SCALE_W the fused forms, times 2^-M as well, undone in `_project`), else through integer ops on
+    each row's planes 0-3 / 4-7 in w03 / w47 (`_row_words`)."""
     if ASM_ON:
         if SCALE_W:
-            sb = tl.broadcast_to(s[None, :], wq.shape)
+            mult, off = _fused(s, J)
+            sb = tl.broadcast_to(mult[None, :], wq.shape)
+            cb = tl.broadcast_to(off[None, :], wq.shape)
             if s.dtype == tl.float16:
-                p = tl.inline_asm_elementwise(_F16_S[J], "=r,r,r,r", [wq, sb], dtype=tl.float16, is_pure=True,
-                                              pack=2)
+                p = tl.inline_asm_elementwise(_FUSED_F16[J], "=r,r,r,r,r", [wq, sb, cb], dtype=tl.float16,
+                                              is_pure=True, pack=2)
             else:
-                p = tl.inline_asm_elementwise(_BF16_S[J], "=r,r,r,r", [wq, sb], dtype=tl.bfloat16, is_pure=True,
-                                              pack=2)
+                p = tl.inline_asm_elementwise(_FUSED_BF16[J], "=r,r,r,r,r", [wq, sb, cb], dtype=tl.bfloat16,
+                                              is_pure=True, pack=2)
         else:
             if s.dtype == tl.float16:
                 p = tl.inline_asm_elementwise(_F16[J], "=r,r,r", [wq], dtype=tl.float16, is_pure=True, pack=2)
@@ -131,6 +153,11 @@ def _project(acc0, acc1, a_row, real, w0, s0, w1, s1, cols, N, K: tl.constexpr, 
     if K % 256:
         acc0, acc1 = _k_block(acc0, acc1, a_row, real, K // 256, w0, s0, w1, s1, cols, N, (K % 256) // 32,
                               TWO, INT4, ASM_ON, SCALE_W)
+    if INT4 and ASM_ON and SCALE_W:   # the fused forms' 2^-M (`dequant.FUSED_UNDO`)
+        if a_row.dtype.element_ty == tl.float16:
+            acc0, acc1 = acc0 * _UNDO_F16, acc1 * _UNDO_F16
+        else:
+            acc0, acc1 = acc0 * _UNDO_BF16, acc1 * _UNDO_BF16
     return acc0, acc1
 
 

@@ -10,9 +10,12 @@ scale, to the weights or to the dot output). Two routes:
   bf16: 0x4300 (128.0, mantissa step 1) gives 128 + n, one `fma.rn.bf16x2` subtracts 136; planes
   1-3 and 5-7 shift first. float16: the 0x6400 pattern (1024.0) has a 10-bit mantissa, so a nibble at
   bit 4 stays in place, 1024 + 16 n, and one `fma.rn.f16x2` by 1/16 minus 72 gives n - 8; only
-  planes 2, 3, 6, 7 shift (by 8, once for both in the compiled loop). With the scale, one more
-  multiply per two weights. One asm block per plane, emitted right before its dot, keeps one plane
-  live at a time. The sources: ptx.py.
+  planes 2, 3, 6, 7 shift (by 8, once for both in the compiled loop). With the group scale (the
+  kernels' `scale_weights`), the fused forms instead: the nibble masked alone is a 16-bit subnormal,
+  and one fma with a per-plane multiplier and offset made from the scale gives (nibble - 8) * s *
+  2^-M (`fused_factors`); the kernels multiply their float32 sums by 2^M (`FUSED_UNDO`). Two
+  instructions per two weights in place of three (plus the shifts). One asm block per plane,
+  emitted right before its dot, keeps one plane live at a time. The sources: ptx.py.
 - "bits": plain lax bit ops on each element, which needs the word of its row pair's other row too
   (`partner`, the tile with rows r and r ^ 1 swapped; `row_words` sorts each row's 16 bits out of
   the two once per K block). For bf16, the nibble is OR-ed into 0x4300, giving 128 + nibble
@@ -24,8 +27,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.moe.ptx import ASM, ASM_F16, ASM_F16_SCALED, ASM_SCALED
+from pallas_kernels.moe.ptx import ASM, ASM_F16, ASM_FUSED, ASM_FUSED_F16, FUSED_M, fused_multiplier_exponent
 from pallas_kernels.pallas_compat import plgpu
+
+# what the fused forms' float32 sums are multiplied by, per activation dtype
+FUSED_UNDO = {jnp.dtype(jnp.bfloat16): 2.0 ** FUSED_M["bfloat16"], jnp.dtype(jnp.float16): 2.0 ** FUSED_M["float16"]}
 
 _MAGIC = 0x4300        # bf16 128.0
 _MAGIC_OFFSET = 136.0  # 128 + 8
@@ -54,24 +60,35 @@ def plane_bits(words, j: int, dtype, s=None):
     return v if s is None else v * s.astype(dtype)[None, :]
 
 
+def fused_factors(s, j: int, dtype):
+    """Group scales s [BN] of plane j -> the fused forms' (multiplier, offset) [BN] in `dtype`
+    (bf16 or float16): s * 2^(E - b - M) and -8 s 2^-M (ptx.FUSED_M), exact powers of two."""
+    name = jnp.dtype(dtype).name
+    f = s.astype(jnp.float32)
+    return ((f * 2.0 ** fused_multiplier_exponent(j, name)).astype(dtype),
+            (f * (-8.0 * 2.0 ** -FUSED_M[name])).astype(dtype))
+
+
 def plane_asm(wq, j: int, dtype, s=None):
     """int32 [R, BN] -> plane j as `dtype` (bf16 or float16) [R, BN] through inline PTX (one
-    register pair of rows r, r + 1 per call); times the scales s [BN] (in `dtype`) when given."""
+    register pair of rows r, r + 1 per call): nibble - 8, or with the scales s [BN] the fused
+    (nibble - 8) * s * 2^-M (the caller multiplies its float32 sums by FUSED_UNDO[dtype])."""
     shape = [jax.ShapeDtypeStruct(wq.shape, dtype)]
-    plain, scaled = (ASM_F16, ASM_F16_SCALED) if dtype == jnp.float16 else (ASM, ASM_SCALED)
+    f16 = dtype == jnp.float16
     if s is None:
-        (out,) = plgpu.elementwise_inline_asm(plain[j], args=[wq], constraints="=r,r,r", pack=2,
-                                              result_shape_dtypes=shape)
-    else:
-        s = jnp.broadcast_to(s.astype(dtype)[None, :], wq.shape)
-        (out,) = plgpu.elementwise_inline_asm(scaled[j], args=[wq, s], constraints="=r,r,r,r",
+        (out,) = plgpu.elementwise_inline_asm((ASM_F16 if f16 else ASM)[j], args=[wq], constraints="=r,r,r",
                                               pack=2, result_shape_dtypes=shape)
+    else:
+        mult, off = (jnp.broadcast_to(v[None, :], wq.shape) for v in fused_factors(s, j, dtype))
+        (out,) = plgpu.elementwise_inline_asm((ASM_FUSED_F16 if f16 else ASM_FUSED)[j], args=[wq, mult, off],
+                                              constraints="=r,r,r,r,r", pack=2, result_shape_dtypes=shape)
     return out
 
 
 def plane(wq, j: int, dtype, route: str, s=None, words=None):
     """Plane j of a kernel-layout word tile as `dtype`, through `route` ("asm", or "bits", which
-    takes the tile's `row_words` as `words`); times the group scales s [BN] when given."""
+    takes the tile's `row_words` as `words`); times the group scales s [BN] when given ("asm":
+    times 2^-M as well, `plane_asm`)."""
     if route == "asm":
         if dtype not in (jnp.bfloat16, jnp.float16):
             raise ValueError(f"dequant route 'asm' needs bfloat16 or float16 activations, got {dtype}")

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.checks import concrete
+from pallas_kernels.moe.ptx import FUSED_M
 
 SCALE_DTYPES = (jnp.bfloat16, jnp.float16)
 # Version of the kernel layout below; saved with Orbax checkpoints of converted experts
@@ -129,25 +130,37 @@ def _check_hf_pair(packed, scale, name):
     _check_k(w * 8, f"{name}_packed")
 
 
-def check_f16_scales(scale, name: str = "w") -> None:
-    """Raise ValueError unless every nonzero scale is a float16 normal number (magnitude in
-    [2^-14, 65504]), where a bf16 scale converts to float16 exactly. Skipped under a trace."""
+def scale_range(scale_dtype) -> tuple[float, float]:
+    """[lo, hi): the magnitudes nonzero group scales of `scale_dtype` may take in the kernel layout.
+    float16: its normal numbers (where a bf16 scale converts exactly) below 2^(M - 8) = 2^-2;
+    bfloat16: 2^(M - 126) .. 2^(M - 5) = 2^-94 .. 2^27. M: ptx.FUSED_M, whose fused dequantisation
+    needs the multiplier s * 2^(E - M) finite (E = 24 / 133) and, in bf16, the products normal."""
+    m = FUSED_M[jnp.dtype(scale_dtype).name]
+    return (2.0 ** -14, 2.0 ** (m - 8)) if scale_dtype == jnp.float16 else (2.0 ** (m - 126), 2.0 ** (m - 5))
+
+
+def check_scales(scale, scale_dtype, name: str = "w") -> None:
+    """Raise ValueError unless every nonzero scale's magnitude lies in `scale_range(scale_dtype)`.
+    Skipped under a trace."""
+    lo, hi = scale_range(scale_dtype)
     a = jnp.abs(jnp.asarray(scale).astype(jnp.float32))
-    bad = concrete(jnp.any((a != 0) & ((a < 2.0 ** -14) | (a > 65504))))
+    bad = concrete(jnp.any((a != 0) & ((a < lo) | (a >= hi))))
     if bad is not None and bool(bad):
-        raise ValueError(f"{name}_scale: values outside float16's normal range [2^-14, 65504] would not "
-                         f"convert exactly; keep bfloat16 scales")
+        what = jnp.dtype(scale_dtype).name
+        hint = "; keep bfloat16 scales" if scale_dtype == jnp.float16 else ""
+        raise ValueError(f"{name}_scale: values outside [{lo:.3g}, {hi:.3g}), the range {what} scales may "
+                         f"take (int4.scale_range: exact in {what}, finite in the kernels' fused "
+                         f"dequantisation){hint}")
 
 
 def to_kernel_layout(packed, scale, name: str = "w", scale_dtype=jnp.bfloat16):
     """Stacked experts: (packed int32 [E, N, K/8], scale [E, N, K/32]) ->
     (qweight int32 [E, Kp/8, N], qscale scale_dtype [E, Kp/32, N]); one expert at a time on the
-    device. scale_dtype: bfloat16, or float16 (checked exact, `check_f16_scales`)."""
+    device. scale_dtype: bfloat16 or float16; the scales are checked against `scale_range`."""
     _check_hf_pair(packed, scale, name)
     if scale_dtype not in SCALE_DTYPES:
         raise ValueError(f"{name}: scale_dtype must be bfloat16 or float16, got {jnp.dtype(scale_dtype).name}")
-    if scale_dtype == jnp.float16:
-        check_f16_scales(scale, name)
+    check_scales(scale, scale_dtype, name)
     return _to_kernel_stacked(packed, scale, jnp.dtype(scale_dtype))
 
 

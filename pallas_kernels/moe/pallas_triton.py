@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from pallas_kernels import registry
 from pallas_kernels.moe import int4, tuning
 from pallas_kernels.moe.align import align_routing
-from pallas_kernels.moe.dequant import plane, row_words
+from pallas_kernels.moe.dequant import FUSED_UNDO, plane, row_words
 from pallas_kernels.moe.experts import Dims, check_moe_inputs, dims as expert_dims
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
@@ -67,7 +67,8 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
     split: (index, count) of a split-K program: it sums only its share of the K steps (256-wide
     blocks, or bf16 chunks); the K tail goes to the last split.
     cfg.scale_weights: the group scale multiplies the dequantised weights (in `dtype`) and all
-    planes accumulate into one accumulator, instead of rescaling each plane's float32 dot output.
+    planes accumulate into one accumulator, instead of rescaling each plane's float32 dot output
+    (route "asm": the fused forms, whose 2^-M the sums lose here, `dequant.plane_asm`).
     cfg.swap_ab: accumulate the [BN, BM] transpose (weights on the MMA's M side).
     """
     cols = pl.ds(n0, bn)
@@ -119,6 +120,8 @@ def _project(load_a, ws, e, n0, bm, bn, k, *, int4_weights, dtype, route, cfg, s
         accs = jax.lax.fori_loop(lo, jnp.minimum(lo + per, full), step, zero)
         if tail:
             accs = tuple(jnp.where(index == count - 1, t, a) for t, a in zip(last(accs), accs))
+    if int4_weights and cfg.scale_weights and route == "asm":
+        accs = tuple(acc * FUSED_UNDO[jnp.dtype(dtype)] for acc in accs)
     return tuple(acc.T for acc in accs) if swap else accs
 
 
