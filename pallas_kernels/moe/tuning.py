@@ -20,8 +20,9 @@ bm / 2, bm / 4, ... >= min_bm rows runs a body of that many rows (one kernel hol
 an expert with few slots in a bm-row block dequantises its weights once without the padding
 rows' MMAs. A power of two in [16, bm / 2] (Triton's dot needs 16 rows).
 f16: with INT4 experts whose scales are float16, multiply in float16 (`pallas_triton.f16_compute`:
-bf16 activations scaled per row into range, 4-6% faster kernels and half the error on the H200,
-session 38; at T = 1 4% slower, its row-scaling passes costing more than its kernels save);
+bf16 activations scaled per row into range, half the error; 4-6% faster kernels on the H200 in
+session 38, level with bf16 scales since session 44's fused dequantisation, whose row scaling
+then costs 5-11% at T = 1, 4, 520, 1040);
 False multiplies in the activations' dtype, the scales converted in the kernel (a variant for
 benchmarks: offline more loop instructions than bf16 scales). On in every entry; ignored with
 bf16 scales.
