@@ -52,8 +52,8 @@ def asm_source_f16(j: int) -> str:
 # normal binade continues the subnormals' spacing). One fma with the multiplier s * 2^(E - b - M)
 # and the offset -8 s 2^-M gives (n - 8) s 2^-M rounded once: the unfused (n - 8) * s times 2^-M,
 # bit for bit while that product is a normal number, and the kernels undo 2^-M on their float32
-# sums (exact). M keeps the multiplier finite and the products normal: bf16 M = 32 (scales in
-# [2^-94, 2^27)); float16 M = 6 (the multiplier s * 2^18 is finite for scales below 2^-2, the
+# sums (exact). M keeps the multiplier finite and the products normal: bf16 M = 32 (scales below
+# 2^27; products normal from 2^-94); float16 M = 6 (the multiplier s * 2^18 is finite for scales below 2^-2, the
 # products normal for scales >= 2^-8; below, small products, and below 2^-11 the offset, round
 # as float16 subnormals: an absolute error of at most 2^-18 per weight). `int4.scale_range`.
 FUSED_M = {"float16": 6, "bfloat16": 32}
