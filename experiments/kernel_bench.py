@@ -9,7 +9,9 @@ the float64 numpy golden on two check tokens before timing it; times the pallas_
 triton kernels, the "xla" path, dequantise-then-ragged_dot and the bf16-weights path. Prints a
 table last and writes moe.json / moe.md under --out_dir. --trace adds each timed implementation's
 device-busy time per call and its kernels from a profiler trace (the wall-clock time of small calls
-can be mostly host dispatch). --scale_dtype=float16 keeps the experts' scales in float16 (the same
+can be mostly host dispatch): the % of copy by device time, and for the Pallas and raw Triton
+kernels each GEMM kernel's time and % of copy by its own bytes (its experts' weights and scales)
+and the rest of the call ("glue": routing alignment, row scaling, combine; `kernel_split`). --scale_dtype=float16 keeps the experts' scales in float16 (the same
 values), so the Pallas kernels multiply in float16 (pallas_triton.f16_compute).
 
 --impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
@@ -52,6 +54,27 @@ flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied 
                     "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the built-in sets")
 flags.DEFINE_bool("trace", False, "also profile each timed implementation: device-busy time per "
                   "call and its kernels (GPU; separates device work from host dispatch)")
+
+
+# the two GEMM kernels of a traced moe call: raw Triton names, Pallas names
+_GEMMS = {"gate_up": ("gate_up", "_gate_up_kernel"), "down": ("down", "_down_kernel")}
+
+
+def kernel_split(top: list[dict], busy_us: float, gemm_bytes: dict, bw: float) -> dict:
+    """A traced call's device time split into its GEMM kernels and the rest: {gate_up_us, down_us,
+    glue_us, gate_up_pct_copy, down_pct_copy}, each kernel's % of copy bandwidth `bw` (bytes/s) by
+    its own bytes (gemm_bytes {"gate_up": .., "down": ..}). top: the trace's kernels [{"name", "us"}]
+    per call. {} unless each GEMM appears exactly once (another implementation's kernels)."""
+    us = {}
+    for part, names in _GEMMS.items():
+        hits = [kk["us"] for kk in top if kk["name"] in names]
+        if len(hits) != 1:
+            return {}
+        us[part] = hits[0]
+    out = {f"{part}_us": v for part, v in us.items()}
+    out["glue_us"] = busy_us - sum(us.values())
+    out.update({f"{part}_pct_copy": 100 * gemm_bytes[part] / (v * 1e-6) / bw for part, v in us.items()})
+    return out
 
 
 def _time(call, min_time_s: float) -> float:
@@ -287,8 +310,11 @@ def bench_moe() -> dict:
                     traced = (bench_util.traced_device_time(fn, xs[0], ids_all[0], w_all[0], ex)
                               if FLAGS.trace else None)
                     if traced:
+                        w_bytes = d * i * (2 if impl == "bf16_weights" else 0.5 + 2 / 32) * active
                         row.update(device_us=traced["busy_us"], kernels=traced["kernels"],
-                                   top_kernels=traced["top"])
+                                   top_kernels=traced["top"],
+                                   **kernel_split(traced["top"], traced["busy_us"],
+                                                  {"gate_up": 2 * w_bytes, "down": w_bytes}, bw))
                 except Exception as exc:  # record and go on: OOM, compile failure, wrong result
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
@@ -301,6 +327,9 @@ def bench_moe() -> dict:
                 row["bytes"] = row["active_experts"] * 3 * d * i * 2 + 4 * row["T"] * d
                 row["GBps"] = row["bytes"] / row["time_us"] / 1e3
                 row["pct_copy"] = 100 * row["bytes"] / (row["time_us"] * 1e-6) / bw
+    for row in rows:
+        if "device_us" in row and "bytes" in row:
+            row["pct_copy_device"] = 100 * row["bytes"] / (row["device_us"] * 1e-6) / bw
     return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0]),
             "scale_dtype": FLAGS.scale_dtype}
 
@@ -343,18 +372,24 @@ def jax_leaf(out):
 
 
 def _table(res: dict) -> str:
+    """Markdown: per row the wall-clock figures, then (with --trace) device time, its % of copy, the
+    GEMM kernels' us (% of copy by their own bytes) and the glue (`kernel_split`)."""
+    nan = float("nan")
     lines = ["| T | impl | active E | MB moved | time us | GB/s | % copy | % floor | rel err "
-             "| device us (trace) | kernels |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| device us (trace) | % copy (device) | gate_up us (% copy) | down us (% copy) | glue us | kernels |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["impl"].startswith("parts"):
             lines.append(f"| {r['T']} | {r['impl']} | | | {r.get('time_us', 0):.1f} | | | | "
-                         f"{r.get('error', '')[:80]} | {r.get('device_us', float('nan')):.1f} | "
-                         f"{r.get('kernels', float('nan')):.0f} |")
+                         f"{r.get('error', '')[:80]} | {r.get('device_us', nan):.1f} | | | | | "
+                         f"{r.get('kernels', nan):.0f} |")
         elif "time_us" in r:
+            gemms = " | ".join(f"{r[f'{p}_us']:.1f} ({r[f'{p}_pct_copy']:.1f})" if f"{p}_us" in r else ""
+                               for p in ("gate_up", "down"))
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
                          f"{r['time_us']:.1f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | {r['pct_floor']:.1f} | "
-                         f"{r['rel_err']:.1e} | {r.get('device_us', float('nan')):.1f} | "
-                         f"{r.get('kernels', float('nan')):.0f} |")
+                         f"{r['rel_err']:.1e} | {r.get('device_us', nan):.1f} | {r.get('pct_copy_device', nan):.1f} | "
+                         f"{gemms} | {r.get('glue_us', nan):.1f} | {r.get('kernels', nan):.0f} |")
         else:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | | | | | | "
                          f"{r.get('error', '')[:80]} |")

@@ -41,6 +41,36 @@ def test_parse_variants():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
+SPLIT_CHECK = """
+from experiments.kernel_bench import kernel_split, _table
+top = [{'name': 'gate_up', 'us': 500.0}, {'name': 'down', 'us': 250.0}, {'name': 'loop_reduce_fusion', 'us': 3.0}]
+got = kernel_split(top, 760.0, {'gate_up': 1.6e9, 'down': 0.8e9}, 4.0e12)
+want = dict(gate_up_us=500.0, down_us=250.0, glue_us=10.0, gate_up_pct_copy=80.0, down_pct_copy=80.0)
+assert set(got) == set(want) and all(abs(got[k] - v) < 1e-9 for k, v in want.items()), got
+pallas = [{'name': '_down_kernel', 'us': 2.0}, {'name': '_gate_up_kernel', 'us': 4.0}]
+assert kernel_split(pallas, 7.0, {'gate_up': 8e6, 'down': 4e6}, 4e12)['glue_us'] == 1.0
+assert kernel_split([{'name': 'dot_fusion', 'us': 9.0}], 9.0, {'gate_up': 1, 'down': 1}, 1.0) == {}   # xla path
+row = dict(impl='triton', T=16, active_experts=111.0, bytes=2.75e9, time_us=800.0, GBps=3437.0, pct_copy=80.6,
+           pct_floor=80.6, rel_err=1.7e-3, device_us=760.0, pct_copy_device=84.9, kernels=16, **got)
+xla = dict(impl='xla', T=16, active_experts=111.0, bytes=2.75e9, time_us=9e3, GBps=305.0, pct_copy=7.2,
+           pct_floor=7.2, rel_err=1e-3)
+lines = _table({'rows': [row, xla]}).splitlines()
+assert len({ln.count('|') for ln in lines}) == 1, lines          # every row has every column
+assert '| 760.0 | 84.9 | 500.0 (80.0) | 250.0 (80.0) | 10.0 | 16 |' in lines[2], lines[2]
+assert '| nan | nan |  |  | nan | nan |' in lines[3], lines[3]
+print('ok')
+"""
+
+
+def test_kernel_split_and_table():
+    """kernel_bench's device-time split (GEMM kernels by their own bytes, the rest as glue) and its
+    table: every row has every column, an implementation without those kernels leaves them empty."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", SPLIT_CHECK], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
 MLA_CHECK = """
 from experiments import mla_bench
 from pallas_kernels.mla_attention import two_pass
