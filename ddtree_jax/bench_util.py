@@ -206,15 +206,22 @@ def scope_summary(kernels: Sequence[dict], per: int, scopes: dict[str, str], dep
                 scopes=[dict(scope=n, kernels=c / per, us=t / per) for n, (c, t) in ranked])
 
 
-def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8) -> dict | None:
+def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
+                       arg_sets: Sequence[tuple] | None = None) -> dict | None:
     """Profile `calls` back-to-back calls of fn(*args) (after one untimed call) -> kernel_summary
     per call, or None when the trace holds no device kernels (a CPU backend). Device time from a
-    trace leaves out the host's dispatch, which a wall clock around small calls mostly measures."""
-    jax.block_until_ready(fn(*args))
+    trace leaves out the host's dispatch, which a wall clock around small calls mostly measures.
+    arg_sets: argument tuples the calls cycle through in place of args (each called once untimed
+    first), so the figure averages the same inputs as a wall clock that rotates among them."""
+    sets = list(arg_sets) if arg_sets is not None else [args]
+    if not sets:
+        raise ValueError("arg_sets: needs at least one argument tuple")
+    for a in sets:
+        jax.block_until_ready(fn(*a))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
-            for _ in range(calls):
-                out = fn(*args)
+            for i in range(calls):
+                out = fn(*sets[i % len(sets)])
             jax.block_until_ready(out)
         kernels, _ = device_kernels(d)
     return kernel_summary(kernels, calls, top) if kernels else None

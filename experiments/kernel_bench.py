@@ -307,8 +307,9 @@ def bench_moe() -> dict:
                                 FLAGS.min_time_s)
                     row.update(time_us=sec * 1e6, GBps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / bw,
                                pct_floor=100 * floor / sec)
-                    traced = (bench_util.traced_device_time(fn, xs[0], ids_all[0], w_all[0], ex)
-                              if FLAGS.trace else None)
+                    # traced over the 4 inputs that `active` (the bytes) and the wall clock average
+                    sets = [(xs[r], ids_all[r], w_all[r], ex) for r in range(4)]
+                    traced = bench_util.traced_device_time(fn, calls=8, arg_sets=sets) if FLAGS.trace else None
                     if traced:
                         w_bytes = d * i * (2 if impl == "bf16_weights" else 0.5 + 2 / 32) * active
                         row.update(device_us=traced["busy_us"], kernels=traced["kernels"],

@@ -82,6 +82,22 @@ def test_traced_device_time_is_none_without_a_device():
     assert bench_util.traced_device_time(jax.jit(lambda x: x + 1), jnp.ones(4), calls=2) is None
 
 
+def test_traced_device_time_cycles_through_arg_sets():
+    """arg_sets: one untimed call per set, then the traced calls rotate through the sets."""
+    seen = []
+    f = jax.jit(lambda x: x + 1)
+
+    def fn(x):
+        seen.append(int(x[0]))
+        return f(x)
+
+    sets = [(jnp.full(4, v),) for v in (0, 1, 2)]
+    bench_util.traced_device_time(fn, calls=5, arg_sets=sets)
+    assert seen == [0, 1, 2, 0, 1, 2, 0, 1]
+    with pytest.raises(ValueError, match="arg_sets"):
+        bench_util.traced_device_time(fn, arg_sets=[])
+
+
 def test_median_seconds_and_table():
     assert bench_util.median_seconds(jax.jit(lambda x: x * 2), jnp.ones(8), reps=3, inner=2) > 0
     with pytest.raises(ValueError, match="reps"):
