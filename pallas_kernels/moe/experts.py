@@ -4,7 +4,9 @@ bf16 experts (`[in, out]`): {"gate_kernel" [E, d, I], "up_kernel" [E, d, I], "do
 int4 experts (kernel layout of `int4.py`): {"gate_qweight" int32 [E, dp/8, I], "gate_qscale" bf16
 [E, dp/32, I], "up_qweight", "up_qscale", "down_qweight" int32 [E, Ip/8, d], "down_qscale" bf16
 [E, Ip/32, d]} with dp, Ip the padded input dims; the three scales may instead all be float16
-(the Pallas kernels then multiply in float16). The keys tell the two apart; every leaf has the
+(the Pallas kernels then multiply in float16). The scales must lie in `int4.scale_range` (the
+loader checks; the kernels' fused dequantisation would overflow beyond it, and a check inside a
+trace cannot see values). The keys tell the two apart; every leaf has the
 expert axis first, so the dict can be sharded over experts and saved with Orbax as it is.
 """
 
