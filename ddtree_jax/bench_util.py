@@ -129,13 +129,16 @@ def graph_launches(kernels: list[dict]) -> dict:
 
 def kernel_summary(kernels: Sequence[dict], per: int, top: int = 8) -> dict:
     """Device time of `per` calls' kernel events, per call: busy_us (union of kernel intervals),
+    span_us (first start to last end: busy plus the device's idle gaps between the kernels),
     kernels (count) and the `top` kernels by time [{name, count, us}]."""
     by_name = collections.defaultdict(lambda: [0, 0.0])
     for k in kernels:
         by_name[k["name"]][0] += 1
         by_name[k["name"]][1] += k["dur"]
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-    return dict(busy_us=intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in kernels]) / per,
+    spans = [(k["ts"], k["ts"] + k["dur"]) for k in kernels]
+    return dict(busy_us=intervals_union(spans) / per,
+                span_us=(max(e for _, e in spans) - min(s for s, _ in spans)) / per if spans else 0.0,
                 kernels=len(kernels) / per,
                 top=[dict(name=n, count=c / per, us=t / per) for n, (c, t) in ranked])
 
@@ -207,23 +210,29 @@ def scope_summary(kernels: Sequence[dict], per: int, scopes: dict[str, str], dep
 
 
 def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
-                       arg_sets: Sequence[tuple] | None = None) -> dict | None:
+                       arg_sets: Sequence[tuple] | None = None, warm: int = 0) -> dict | None:
     """Profile `calls` back-to-back calls of fn(*args) (after one untimed call) -> kernel_summary
     per call, or None when the trace holds no device kernels (a CPU backend). Device time from a
     trace leaves out the host's dispatch, which a wall clock around small calls mostly measures.
     arg_sets: argument tuples the calls cycle through in place of args (each called once untimed
-    first), so the figure averages the same inputs as a wall clock that rotates among them."""
+    first), so the figure averages the same inputs as a wall clock that rotates among them.
+    warm: calls made inside the trace first, back to back with the counted ones, whose kernels
+    (the first warm / (warm + calls) of them by start time) are left out: the GPU has idled while
+    the profiler started, and the counted calls then find it as a sustained loop does."""
     sets = list(arg_sets) if arg_sets is not None else [args]
     if not sets:
         raise ValueError("arg_sets: needs at least one argument tuple")
+    if calls < 1 or warm < 0:
+        raise ValueError(f"calls must be >= 1 and warm >= 0, got calls={calls}, warm={warm}")
     for a in sets:
         jax.block_until_ready(fn(*a))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
-            for i in range(calls):
+            for i in range(warm + calls):
                 out = fn(*sets[i % len(sets)])
             jax.block_until_ready(out)
         kernels, _ = device_kernels(d)
+    kernels = sorted(kernels, key=lambda k: k["ts"])[round(len(kernels) * warm / (warm + calls)):]
     return kernel_summary(kernels, calls, top) if kernels else None
 
 

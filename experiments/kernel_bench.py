@@ -53,7 +53,9 @@ flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied 
                     "config of each T, ';' between sets, ',' between field=value (MoEConfig fields, "
                     "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the built-in sets")
 flags.DEFINE_bool("trace", False, "also profile each timed implementation: device-busy time per "
-                  "call and its kernels (GPU; separates device work from host dispatch)")
+                  "call, the span of the traced calls per call (busy plus idle gaps between kernels) "
+                  "and the kernels, over 16 calls after 8 in the same trace (GPU; separates device "
+                  "work from host dispatch)")
 
 
 # the two GEMM kernels of a traced moe call: raw Triton names, Pallas names
@@ -309,10 +311,11 @@ def bench_moe() -> dict:
                                pct_floor=100 * floor / sec)
                     # traced over the 4 inputs that `active` (the bytes) and the wall clock average
                     sets = [(xs[r], ids_all[r], w_all[r], ex) for r in range(4)]
-                    traced = bench_util.traced_device_time(fn, calls=8, arg_sets=sets) if FLAGS.trace else None
+                    traced = (bench_util.traced_device_time(fn, calls=16, warm=8, arg_sets=sets)
+                              if FLAGS.trace else None)
                     if traced:
                         w_bytes = d * i * (2 if impl == "bf16_weights" else 0.5 + 2 / 32) * active
-                        row.update(device_us=traced["busy_us"], kernels=traced["kernels"],
+                        row.update(device_us=traced["busy_us"], span_us=traced["span_us"], kernels=traced["kernels"],
                                    top_kernels=traced["top"],
                                    **kernel_split(traced["top"], traced["busy_us"],
                                                   {"gate_up": 2 * w_bytes, "down": w_bytes}, bw))
@@ -377,19 +380,21 @@ def _table(res: dict) -> str:
     GEMM kernels' us (% of copy by their own bytes) and the glue (`kernel_split`)."""
     nan = float("nan")
     lines = ["| T | impl | active E | MB moved | time us | GB/s | % copy | % floor | rel err "
-             "| device us (trace) | % copy (device) | gate_up us (% copy) | down us (% copy) | glue us | kernels |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| device us (trace) | span us | % copy (device) | gate_up us (% copy) | down us (% copy) | glue us "
+             "| kernels |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["impl"].startswith("parts"):
             lines.append(f"| {r['T']} | {r['impl']} | | | {r.get('time_us', 0):.1f} | | | | "
-                         f"{r.get('error', '')[:80]} | {r.get('device_us', nan):.1f} | | | | | "
+                         f"{r.get('error', '')[:80]} | {r.get('device_us', nan):.1f} | | | | | | "
                          f"{r.get('kernels', nan):.0f} |")
         elif "time_us" in r:
             gemms = " | ".join(f"{r[f'{p}_us']:.1f} ({r[f'{p}_pct_copy']:.1f})" if f"{p}_us" in r else ""
                                for p in ("gate_up", "down"))
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
                          f"{r['time_us']:.1f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | {r['pct_floor']:.1f} | "
-                         f"{r['rel_err']:.1e} | {r.get('device_us', nan):.1f} | {r.get('pct_copy_device', nan):.1f} | "
+                         f"{r['rel_err']:.1e} | {r.get('device_us', nan):.1f} | {r.get('span_us', nan):.1f} | "
+                         f"{r.get('pct_copy_device', nan):.1f} | "
                          f"{gemms} | {r.get('glue_us', nan):.1f} | {r.get('kernels', nan):.0f} |")
         else:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | | | | | | "

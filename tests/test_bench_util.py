@@ -15,6 +15,7 @@ def test_kernel_summary_counts_overlaps_once():
                dict(name="a", ts=10.0, dur=1.0), dict(name="c", ts=10.2, dur=0.5)]
     k = bench_util.kernel_summary(kernels, per=2, top=2)
     assert k["busy_us"] == pytest.approx((3.0 + 1.0) / 2)       # [0, 3] and [10, 11]
+    assert k["span_us"] == pytest.approx(11.0 / 2)               # 0 .. 11, the idle 3 .. 10 included
     assert k["kernels"] == 2.0
     assert k["top"] == [dict(name="a", count=1.0, us=1.5), dict(name="b", count=0.5, us=1.0)]
 
@@ -96,6 +97,29 @@ def test_traced_device_time_cycles_through_arg_sets():
     assert seen == [0, 1, 2, 0, 1, 2, 0, 1]
     with pytest.raises(ValueError, match="arg_sets"):
         bench_util.traced_device_time(fn, arg_sets=[])
+
+
+def test_traced_device_time_leaves_out_the_warm_calls(monkeypatch):
+    """warm: those calls run inside the trace, their kernels (the earliest) are not counted."""
+    seen = []
+    f = jax.jit(lambda x: x + 1)
+
+    def fn(x):
+        seen.append(int(x[0]))
+        return f(x)
+
+    # 3 calls of 2 kernels each, listed out of order; the first call's are slow (an idle GPU)
+    fake = [dict(name="g", ts=20.0, dur=4.0), dict(name="g", ts=0.0, dur=9.0), dict(name="d", ts=24.0, dur=1.0),
+            dict(name="d", ts=9.0, dur=2.0), dict(name="g", ts=12.0, dur=4.0), dict(name="d", ts=16.0, dur=1.0)]
+    monkeypatch.setattr(bench_util, "device_kernels", lambda d: (fake, []))
+    sets = [(jnp.full(4, v),) for v in (0, 1)]
+    got = bench_util.traced_device_time(fn, calls=2, arg_sets=sets, warm=1)
+    assert seen == [0, 1, 0, 1, 0]
+    assert got["busy_us"] == pytest.approx((5.0 + 5.0) / 2)     # [12, 17] and [20, 25]
+    assert got["span_us"] == pytest.approx(13.0 / 2)
+    assert got["kernels"] == 2.0
+    with pytest.raises(ValueError, match="warm"):
+        bench_util.traced_device_time(fn, calls=2, warm=-1)
 
 
 def test_median_seconds_and_table():
