@@ -34,6 +34,21 @@ def median_seconds(fn: Callable, *args, reps: int, inner: int = 1) -> float:
     return float(np.median(times))
 
 
+def sustain(fn: Callable, *args, seconds: float) -> int:
+    """Call fn(*args) back to back for about `seconds` (waiting on every 8th result) -> the calls
+    made. Before timing, so that the GPU's clocks have settled: at the onset of load after an idle
+    spell the H200 drops its SM clock for a few hundred ms (nvidia-smi: SW power cap, 1575-1875
+    against 1980 MHz), which a short measurement right after a host-side check falls into."""
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        out = fn(*args)
+        calls += 1
+        if calls % 8 == 0:
+            jax.block_until_ready(out)
+            if time.perf_counter() - t0 >= seconds:
+                return calls
+
+
 LENGTHS = ("uniform", "spread")   # stream_contexts' kinds
 
 

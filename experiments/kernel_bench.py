@@ -49,6 +49,8 @@ flags.DEFINE_enum("scale_dtype", "bfloat16", ["bfloat16", "float16"], "the INT4 
                   "(float16: the Pallas kernels multiply in float16, bf16 activations scaled per row)")
 flags.DEFINE_bool("sweep", True, "time the pallas_triton config sweep (else the tuned table only)")
 flags.DEFINE_float("min_time_s", 0.15, "time budget per measurement")
+flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each implementation's "
+                   "timing, so the GPU's clocks have settled (bench_util.sustain)")
 flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "
                     "config of each T, ';' between sets, ',' between field=value (MoEConfig fields, "
                     "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the built-in sets")
@@ -305,8 +307,9 @@ def bench_moe() -> dict:
                     if not err < 2e-2:
                         raise AssertionError(f"rel err {err:.3e} vs golden")
                     it = iter(range(1 << 30))
-                    sec = _time(lambda: (lambda r: fn(xs[r], ids_all[r], w_all[r], ex))(next(it) % 4),
-                                FLAGS.min_time_s)
+                    call = lambda: (lambda r: fn(xs[r], ids_all[r], w_all[r], ex))(next(it) % 4)  # noqa: E731
+                    bench_util.sustain(call, seconds=FLAGS.warm_s)
+                    sec = _time(call, FLAGS.min_time_s)
                     row.update(time_us=sec * 1e6, GBps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / bw,
                                pct_floor=100 * floor / sec)
                     # traced over the 4 inputs that `active` (the bytes) and the wall clock average

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import time
 
 import jax
 import jax.numpy as jnp
@@ -161,3 +162,10 @@ def test_hlo_kernel_scopes_and_scope_summary():
     assert s["scopes"][0] == dict(scope="verify/Decoder/layers_*", kernels=2, us=17.0)
     assert [v["scope"] for v in s["scopes"][1:]] == ["tree", "unattributed/wrapped_concatenate_4",
                                                       "accept/select_n"]
+
+
+def test_sustain_calls_back_to_back_for_the_time_given():
+    f = jax.jit(lambda x: x + 1)
+    t0 = time.perf_counter()
+    calls = bench_util.sustain(f, jnp.ones(4), seconds=0.05)
+    assert time.perf_counter() - t0 >= 0.05 and calls >= 8 and calls % 8 == 0
