@@ -49,6 +49,65 @@ def sustain(fn: Callable, *args, seconds: float) -> int:
                 return calls
 
 
+class GpuClocks:
+    """nvidia-smi sampling the GPU's SM clock, power and clock-event reasons every `interval_ms` in
+    the background, as a context manager; `window(t0, t1)` summarises the samples taken between
+    host times t0 and t1 (time.time()). A memory-bound kernel whose time follows the SM clock is
+    bound inside the SMs; the H200 lowers that clock under its power cap (reason bit 0x4) after
+    ~0.5 s of sustained load, so these say which regime a figure was measured in. Without
+    nvidia-smi (a CPU machine) it samples nothing and every window is {}."""
+
+    FIELDS = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
+
+    def __init__(self, interval_ms: int = 50, gpu: int = 0):
+        self.cmd = ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+                    f"-lms={interval_ms}", f"--id={gpu}"]
+        self.proc, self.log = None, None
+
+    def __enter__(self) -> "GpuClocks":
+        import shutil
+        import subprocess
+        if shutil.which("nvidia-smi"):
+            self.log = tempfile.TemporaryFile("w+")
+            self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+            self.log.close()
+            self.proc = self.log = None
+
+    def window(self, t0: float, t1: float) -> dict:
+        """{samples, sm_mhz (median), sm_mhz_min, power_w_max, power_capped (fraction of samples
+        with the SW power cap reason)} of the samples in [t0, t1]; {} when there are none."""
+        if not self.log:
+            return {}
+        self.log.flush()
+        self.log.seek(0)
+        return clock_window(self.log.read(), t0, t1)
+
+
+def clock_window(csv_text: str, t0: float, t1: float) -> dict:
+    """GpuClocks.window over nvidia-smi's `timestamp, clocks.sm, power.draw, reasons` lines."""
+    import datetime
+    rows = []
+    for line in csv_text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            rows.append((ts, float(parts[1]), float(parts[2]), int(parts[3], 16)))
+        except (ValueError, IndexError):
+            continue                      # a header, or a field this driver reports as N/A
+    sel = [r for r in rows if t0 <= r[0] <= t1]
+    if not sel:
+        return {}
+    return dict(samples=len(sel), sm_mhz=float(np.median([r[1] for r in sel])),
+                sm_mhz_min=min(r[1] for r in sel), power_w_max=max(r[2] for r in sel),
+                power_capped=sum(bool(r[3] & 0x4) for r in sel) / len(sel))
+
+
 LENGTHS = ("uniform", "spread")   # stream_contexts' kinds
 
 

@@ -191,6 +191,13 @@ def _parts(t, cfg, e, k):
 
 
 def bench_moe() -> dict:
+    """The MoE table (module docstring), with the GPU's SM clock and power sampled throughout
+    (bench_util.GpuClocks): each row's wall_clocks and trace_clocks."""
+    with bench_util.GpuClocks() as clocks:
+        return _bench_moe(clocks)
+
+
+def _bench_moe(clocks) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -309,13 +316,17 @@ def bench_moe() -> dict:
                     it = iter(range(1 << 30))
                     call = lambda: (lambda r: fn(xs[r], ids_all[r], w_all[r], ex))(next(it) % 4)  # noqa: E731
                     bench_util.sustain(call, seconds=FLAGS.warm_s)
+                    t0 = time.time()
                     sec = _time(call, FLAGS.min_time_s)
+                    row["wall_clocks"] = clocks.window(t0, time.time())
                     row.update(time_us=sec * 1e6, GBps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / bw,
                                pct_floor=100 * floor / sec)
                     # traced over the 4 inputs that `active` (the bytes) and the wall clock average
                     sets = [(xs[r], ids_all[r], w_all[r], ex) for r in range(4)]
+                    t0 = time.time()
                     traced = (bench_util.traced_device_time(fn, calls=16, warm=8, arg_sets=sets)
                               if FLAGS.trace else None)
+                    row["trace_clocks"] = clocks.window(t0, time.time()) if traced else {}
                     if traced:
                         w_bytes = d * i * (2 if impl == "bf16_weights" else 0.5 + 2 / 32) * active
                         row.update(device_us=traced["busy_us"], span_us=traced["span_us"], kernels=traced["kernels"],
@@ -378,19 +389,25 @@ def jax_leaf(out):
     return jax.tree_util.tree_leaves(out)[0]
 
 
+def _mhz(row: dict) -> str:
+    """'wall / trace' median SM MHz of a row (GpuClocks windows), '' where none was sampled."""
+    got = [row.get(k, {}).get("sm_mhz") for k in ("wall_clocks", "trace_clocks")]
+    return "" if got == [None, None] else " / ".join("-" if v is None else f"{v:.0f}" for v in got)
+
+
 def _table(res: dict) -> str:
     """Markdown: per row the wall-clock figures, then (with --trace) device time, its % of copy, the
     GEMM kernels' us (% of copy by their own bytes) and the glue (`kernel_split`)."""
     nan = float("nan")
     lines = ["| T | impl | active E | MB moved | time us | GB/s | % copy | % floor | rel err "
              "| device us (trace) | span us | % copy (device) | gate_up us (% copy) | down us (% copy) | glue us "
-             "| kernels |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| kernels | SM MHz wall / trace |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["impl"].startswith("parts"):
             lines.append(f"| {r['T']} | {r['impl']} | | | {r.get('time_us', 0):.1f} | | | | "
                          f"{r.get('error', '')[:80]} | {r.get('device_us', nan):.1f} | | | | | | "
-                         f"{r.get('kernels', nan):.0f} |")
+                         f"{r.get('kernels', nan):.0f} | |")
         elif "time_us" in r:
             gemms = " | ".join(f"{r[f'{p}_us']:.1f} ({r[f'{p}_pct_copy']:.1f})" if f"{p}_us" in r else ""
                                for p in ("gate_up", "down"))
@@ -398,10 +415,10 @@ def _table(res: dict) -> str:
                          f"{r['time_us']:.1f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | {r['pct_floor']:.1f} | "
                          f"{r['rel_err']:.1e} | {r.get('device_us', nan):.1f} | {r.get('span_us', nan):.1f} | "
                          f"{r.get('pct_copy_device', nan):.1f} | "
-                         f"{gemms} | {r.get('glue_us', nan):.1f} | {r.get('kernels', nan):.0f} |")
+                         f"{gemms} | {r.get('glue_us', nan):.1f} | {r.get('kernels', nan):.0f} | {_mhz(r)} |")
         else:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | | | | | | "
-                         f"{r.get('error', '')[:80]} |")
+                         f"{r.get('error', '')[:80]} | | | | | | | | |")
     return "\n".join(lines)
 
 

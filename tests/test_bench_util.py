@@ -169,3 +169,29 @@ def test_sustain_calls_back_to_back_for_the_time_given():
     t0 = time.perf_counter()
     calls = bench_util.sustain(f, jnp.ones(4), seconds=0.05)
     assert time.perf_counter() - t0 >= 0.05 and calls >= 8 and calls % 8 == 0
+
+
+def test_clock_window_summarises_the_samples_in_the_window():
+    import datetime
+    base = datetime.datetime(2026, 12, 3, 14, 54, 33)
+    ts = lambda ms: (base + datetime.timedelta(milliseconds=ms)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]  # noqa: E731
+    text = "\n".join([
+        "timestamp, clocks.sm [MHz], power.draw [W], clocks_throttle_reasons.active",   # a header
+        f"{ts(0)}, 1980, 125.10, 0x0000000000000000",
+        f"{ts(50)}, 1500, 699.48, 0x0000000000000004",
+        f"{ts(100)}, 1700, 690.00, 0x0000000000000004",
+        f"{ts(150)}, 1980, 430.00, 0x0000000000000000",
+        f"{ts(200)}, [N/A], 430.00, 0x0000000000000000",                       # unreadable: skipped
+        f"{ts(250)}, 345, 80.00, 0x0000000000000001"])
+    t = base.timestamp()
+    got = bench_util.clock_window(text, t + 0.04, t + 0.21)
+    assert got == dict(samples=3, sm_mhz=1700.0, sm_mhz_min=1500.0, power_w_max=699.48,
+                       power_capped=pytest.approx(2 / 3))
+    assert bench_util.clock_window(text, t + 1.0, t + 2.0) == {}
+
+
+def test_gpu_clocks_without_nvidia_smi_samples_nothing(monkeypatch):
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with bench_util.GpuClocks() as clocks:
+        assert clocks.window(0.0, time.time()) == {}

@@ -52,13 +52,15 @@ assert kernel_split(pallas, 7.0, {'gate_up': 8e6, 'down': 4e6}, 4e12)['glue_us']
 assert kernel_split([{'name': 'dot_fusion', 'us': 9.0}], 9.0, {'gate_up': 1, 'down': 1}, 1.0) == {}   # xla path
 row = dict(impl='triton', T=16, active_experts=111.0, bytes=2.75e9, time_us=800.0, GBps=3437.0, pct_copy=80.6,
            pct_floor=80.6, rel_err=1.7e-3, device_us=760.0, span_us=771.5, pct_copy_device=84.9, kernels=16,
-           **got)
+           wall_clocks=dict(sm_mhz=1620.0), trace_clocks=dict(sm_mhz=1980.0), **got)
 xla = dict(impl='xla', T=16, active_experts=111.0, bytes=2.75e9, time_us=9e3, GBps=305.0, pct_copy=7.2,
            pct_floor=7.2, rel_err=1e-3)
-lines = _table({'rows': [row, xla]}).splitlines()
+failed = dict(impl='ragged_dot', T=256, active_experts=381.8, error='XlaRuntimeError: RESOURCE_EXHAUSTED')
+lines = _table({'rows': [row, xla, failed]}).splitlines()
 assert len({ln.count('|') for ln in lines}) == 1, lines          # every row has every column
-assert '| 760.0 | 771.5 | 84.9 | 500.0 (80.0) | 250.0 (80.0) | 10.0 | 16 |' in lines[2], lines[2]
-assert '| nan | nan | nan |  |  | nan | nan |' in lines[3], lines[3]
+assert '| 760.0 | 771.5 | 84.9 | 500.0 (80.0) | 250.0 (80.0) | 10.0 | 16 | 1620 / 1980 |' in lines[2], lines[2]
+assert '| nan | nan | nan |  |  | nan | nan |  |' in lines[3], lines[3]
+assert 'RESOURCE_EXHAUSTED' in lines[4], lines[4]
 print('ok')
 """
 
