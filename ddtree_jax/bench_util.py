@@ -292,7 +292,8 @@ def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
     first), so the figure averages the same inputs as a wall clock that rotates among them.
     warm: calls made inside the trace first, back to back with the counted ones, whose kernels
     (the first warm / (warm + calls) of them by start time) are left out: the GPU has idled while
-    the profiler started, and the counted calls then find it as a sustained loop does."""
+    the profiler started, and the counted calls then find it as a sustained loop does.
+    host_window: host times (time.time()) from the first counted call's dispatch to the last's end."""
     sets = list(arg_sets) if arg_sets is not None else [args]
     if not sets:
         raise ValueError("arg_sets: needs at least one argument tuple")
@@ -303,11 +304,14 @@ def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             for i in range(warm + calls):
+                if i == warm:
+                    t0 = time.time()
                 out = fn(*sets[i % len(sets)])
             jax.block_until_ready(out)
+            t1 = time.time()
         kernels, _ = device_kernels(d)
     kernels = sorted(kernels, key=lambda k: k["ts"])[round(len(kernels) * warm / (warm + calls)):]
-    return kernel_summary(kernels, calls, top) if kernels else None
+    return dict(kernel_summary(kernels, calls, top), host_window=(t0, t1)) if kernels else None
 
 
 def measure_ceilings() -> dict:

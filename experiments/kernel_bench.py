@@ -323,10 +323,9 @@ def _bench_moe(clocks) -> dict:
                                pct_floor=100 * floor / sec)
                     # traced over the 4 inputs that `active` (the bytes) and the wall clock average
                     sets = [(xs[r], ids_all[r], w_all[r], ex) for r in range(4)]
-                    t0 = time.time()
                     traced = (bench_util.traced_device_time(fn, calls=16, warm=8, arg_sets=sets)
                               if FLAGS.trace else None)
-                    row["trace_clocks"] = clocks.window(t0, time.time()) if traced else {}
+                    row["trace_clocks"] = clocks.window(*traced["host_window"]) if traced else {}
                     if traced:
                         w_bytes = d * i * (2 if impl == "bf16_weights" else 0.5 + 2 / 32) * active
                         row.update(device_us=traced["busy_us"], span_us=traced["span_us"], kernels=traced["kernels"],

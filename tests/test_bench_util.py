@@ -119,6 +119,8 @@ def test_traced_device_time_leaves_out_the_warm_calls(monkeypatch):
     assert got["busy_us"] == pytest.approx((5.0 + 5.0) / 2)     # [12, 17] and [20, 25]
     assert got["span_us"] == pytest.approx(13.0 / 2)
     assert got["kernels"] == 2.0
+    t0, t1 = got["host_window"]
+    assert t0 <= t1 <= time.time()
     with pytest.raises(ValueError, match="warm"):
         bench_util.traced_device_time(fn, calls=2, warm=-1)
 
