@@ -314,10 +314,12 @@ def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
     return dict(kernel_summary(kernels, calls, top), host_window=(t0, t1)) if kernels else None
 
 
-def measure_ceilings() -> dict:
+def measure_ceilings(clocks: "GpuClocks | None" = None) -> dict:
     """The GPU's ceilings, measured now (needs torch and triton on a CUDA GPU): copy_tbps (torch
     `copy_` of 2 GiB, bytes read + written; an XLA elementwise op reaches less), and the bf16
-    matmul rate of an 8192^3 product through XLA and through torch (matmul_tflops_xla, _torch)."""
+    matmul rate of an 8192^3 product through XLA and through torch (matmul_tflops_xla, _torch).
+    clocks: also each measurement's GpuClocks window (copy_clocks, matmul_xla_clocks,
+    matmul_torch_clocks): the matmul rates follow the SM clock, the copy does not."""
     import jax.numpy as jnp
     import torch
     import triton
@@ -325,13 +327,23 @@ def measure_ceilings() -> dict:
     def torch_seconds(op, *xs):     # median seconds of op(*xs); xs are freed on return
         return triton.testing.do_bench(lambda: op(*xs), warmup=50, rep=300, return_mode="median") / 1e3
 
+    windows = {}
+
+    def timed(name, measure, *args):    # measure(*args) -> seconds, with its clock window kept
+        t0 = time.time()
+        sec = measure(*args)
+        if clocks is not None:
+            windows[f"{name}_clocks"] = clocks.window(t0, time.time())
+        return sec
+
     n = 8192
-    xla_s = median_seconds(jax.jit(lambda x: x @ x), jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16),
-                           reps=5, inner=20)
-    torch_s = torch_seconds(lambda m: m @ m, torch.randn(n, n, device="cuda", dtype=torch.bfloat16))
+    xla_s = timed("matmul_xla", lambda x: median_seconds(jax.jit(lambda x: x @ x), x, reps=5, inner=20),
+                  jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16))
+    torch_s = timed("matmul_torch", torch_seconds, lambda m: m @ m,
+                    torch.randn(n, n, device="cuda", dtype=torch.bfloat16))
     src = torch.empty(2**31, device="cuda", dtype=torch.uint8)
-    copy_s = torch_seconds(lambda a, b: b.copy_(a), src, torch.empty_like(src))
+    copy_s = timed("copy", torch_seconds, lambda a, b: b.copy_(a), src, torch.empty_like(src))
     del src
     torch.cuda.empty_cache()
     return {"copy_tbps": 2 * 2**31 / copy_s / 1e12, "matmul_tflops_xla": 2 * n**3 / xla_s / 1e12,
-            "matmul_tflops_torch": 2 * n**3 / torch_s / 1e12}
+            "matmul_tflops_torch": 2 * n**3 / torch_s / 1e12, **windows}

@@ -208,7 +208,7 @@ def _bench_moe(clocks) -> dict:
     from pallas_kernels.moe.triton_impl import moe_experts_triton
     from pallas_kernels.moe.xla import moe_experts_xla
 
-    ceil = bench_util.measure_ceilings()
+    ceil = bench_util.measure_ceilings(clocks)
     print("ceilings", ceil, flush=True)
     rate = max(ceil["matmul_tflops_torch"], ceil["matmul_tflops_xla"]) * 1e12
     bw = ceil["copy_tbps"] * 1e12

@@ -79,6 +79,9 @@ flags.DEFINE_bool("mosaic_balance", False, "with --impls=mosaic_gpu: also time i
 flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it with each of these merges of "
                   "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'pallas')")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
+flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wall clock "
+                   "(bench_util.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
+                   "steady state (each row records its SM clock either way)")
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3
 
@@ -99,6 +102,12 @@ def time_jax(fn, arg_sets, target_s: float = 0.05) -> float:
     return statistics.median(times)
 
 
+def _cycling(fn, arg_sets):
+    """A no-argument call of fn on each of arg_sets in turn."""
+    it = itertools.count()
+    return lambda: fn(*arg_sets[next(it) % len(arg_sets)])
+
+
 def graph_of(fn):
     """One jitted program that calls fn once on each of its arg sets (distinct inputs, so no call
     is elided), as in a model step: fn(sets)."""
@@ -116,13 +125,13 @@ def time_in_graph(fn, arg_sets, target_s: float = 0.05, batched=None) -> float:
 def traced_in_graph(fn, arg_sets, batched=None) -> dict | None:
     """Device time per call of fn inside `graph_of(fn)` (or `batched`), from a profiler trace:
     busy_us (union of the kernels' intervals), kernels and the top kernels [{name, count, us}]
-    per call; None off the GPU."""
+    per call, host_window (bench_util.traced_device_time's); None off the GPU."""
     batched = batched or graph_of(fn)
     traced = bench_util.traced_device_time(batched, tuple(arg_sets), calls=5)
     if traced is None:
         return None
     n = len(arg_sets)
-    return dict(busy_us=traced["busy_us"] / n, kernels=traced["kernels"] / n,
+    return dict(busy_us=traced["busy_us"] / n, kernels=traced["kernels"] / n, host_window=traced["host_window"],
                 top=[dict(k, count=k["count"] / n, us=k["us"] / n) for k in traced["top"]])
 
 
@@ -253,7 +262,7 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
                   in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), mosaic_balance=False,
-                  lengths=("uniform",), log=print) -> list[dict]:
+                  lengths=("uniform",), warm_s=0.0, clocks=None, log=print) -> list[dict]:
     """Time every (ctx, Q, S, lengths) shape; returns one dict per (shape, implementation or config).
 
     The cache has aligned_slots(longest context + Q) slots, as engine.setup allocates; each
@@ -264,6 +273,10 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     mosaic_merges: likewise rows "mosaic_gpu merge=M" (mosaic_gpu.MERGES) at the default run count.
     mosaic_balance: likewise a row "mosaic_gpu balanced" (mla_attention_mosaic(balance=True)).
 
+    warm_s > 0: that many seconds of back-to-back calls before each wall clock (bench_util.sustain).
+    clocks: a bench_util.GpuClocks; each row gets the SM clock of its wall-clock and traced windows
+    (wall_clocks, trace_clocks): the compute-bound shapes follow that clock, which the H200 lowers
+    under its 700 W cap after ~1 s of load (BENCHMARKS.md, issue 4, session 45).
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
     (mosaic_parts).
@@ -326,8 +339,13 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                         raise AssertionError(f"wrong output: {row['rel_err_golden']:.1e} vs golden, "
                                              f"{row.get('rel_err_vs_xla', 0.0):.1e} vs xla")
                     del out
+                if warm_s > 0:
+                    bench_util.sustain(_cycling(fn, args), seconds=warm_s)
+                t0 = time.time()
                 sec = time_jax(fn, args)
                 row.update(ms=sec * 1e3, pct_floor=100 * floor / sec, tflops=flops / sec / 1e12)
+                if clocks is not None:
+                    row["wall_clocks"] = clocks.window(t0, time.time())
                 batched = graph_of(fn)
                 if in_graph:
                     sec = time_in_graph(fn, args, batched=batched)
@@ -336,6 +354,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                     row.update(device_ms=traced["busy_us"] / 1e3,
                                device_pct_floor=100 * floor * 1e6 / traced["busy_us"],
                                kernels=traced["kernels"], top_kernels=traced["top"])
+                    if clocks is not None:
+                        row["trace_clocks"] = clocks.window(*traced["host_window"])
                 if parts and name == "mosaic_gpu":
                     row.update(mosaic_parts(args, scale, v_dim))
                 elif parts and name.startswith("pallas"):
@@ -419,8 +439,13 @@ def variants_table(rows: list[dict], names: list[str]) -> str:
 
 
 def main(_):
+    with bench_util.GpuClocks() as clocks:
+        _main(clocks)
+
+
+def _main(clocks):
     configs = {c: None if c == "auto" else pallas_triton.parse_config(c) for c in FLAGS.configs}
-    ceilings = bench_util.measure_ceilings()
+    ceilings = bench_util.measure_ceilings(clocks)
     print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs, tuple(FLAGS.impls))
     print("golden rel err", json.dumps(golden))
@@ -430,7 +455,7 @@ def main(_):
                          budget_s=FLAGS.budget_s, parts=FLAGS.parts, in_graph=FLAGS.in_graph,
                          trace=FLAGS.trace, mosaic_splits=[int(n) for n in FLAGS.mosaic_splits],
                          mosaic_merges=FLAGS.mosaic_merges, mosaic_balance=FLAGS.mosaic_balance,
-                         lengths=tuple(FLAGS.lengths))
+                         lengths=tuple(FLAGS.lengths), warm_s=FLAGS.warm_s, clocks=clocks)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,

@@ -171,12 +171,14 @@ def test_mla_bench_device_time_is_per_call(monkeypatch):
 
     def fake_trace(fn, sets, calls):
         seen.update(sets=len(sets), calls=calls)
-        return dict(busy_us=80.0, kernels=12.0, top=[dict(name="body_mosaic_gpu_kernel", count=4.0, us=60.0)])
+        return dict(busy_us=80.0, kernels=12.0, top=[dict(name="body_mosaic_gpu_kernel", count=4.0, us=60.0)],
+                    host_window=(1.0, 2.0))
 
     monkeypatch.setattr(mla_bench.bench_util, "traced_device_time", fake_trace)
     got = mla_bench.traced_in_graph(lambda x: x + 1, [(jnp.ones(2),)] * 4)
     assert seen == dict(sets=4, calls=5)
-    assert got == dict(busy_us=20.0, kernels=3.0, top=[dict(name="body_mosaic_gpu_kernel", count=1.0, us=15.0)])
+    assert got == dict(busy_us=20.0, kernels=3.0, top=[dict(name="body_mosaic_gpu_kernel", count=1.0, us=15.0)],
+                       host_window=(1.0, 2.0))
     row = dict(ctx=8192, q=1, s=1, impl="mosaic_gpu", flops=1e9, bytes=1e7, floor_ms=0.002, ms=0.07,
                pct_floor=2.9, tflops=14.0, device_ms=0.020, device_pct_floor=10.0, kernels=3.0,
                top_kernels=got["top"])
