@@ -291,8 +291,9 @@ def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
     arg_sets: argument tuples the calls cycle through in place of args (each called once untimed
     first), so the figure averages the same inputs as a wall clock that rotates among them.
     warm: calls made inside the trace first, back to back with the counted ones, whose kernels
-    (the first warm / (warm + calls) of them by start time) are left out: the GPU has idled while
-    the profiler started, and the counted calls then find it as a sustained loop does.
+    (the first warm / (warm + calls) of them by start time) are left out (the first calls after
+    the profiler's start). The GPU idles while the profiler starts, so a short trace measures a
+    burst at a high SM clock; `load_profile` measures the sustained regime as well.
     host_window: host times (time.time()) from the first counted call's dispatch to the last's end."""
     sets = list(arg_sets) if arg_sets is not None else [args]
     if not sets:
@@ -312,6 +313,55 @@ def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
         kernels, _ = device_kernels(d)
     kernels = sorted(kernels, key=lambda k: k["ts"])[round(len(kernels) * warm / (warm + calls)):]
     return dict(kernel_summary(kernels, calls, top), host_window=(t0, t1)) if kernels else None
+
+
+def load_profile(fn: Callable, arg_sets: Sequence[tuple], *, load_s: float = 3.0, idle_s: float = 2.0,
+                 burst_ms: float = 100.0, settled_s: float = 1.0, clocks: "GpuClocks | None" = None) -> dict | None:
+    """Device time per call in two regimes, from one profiler trace: after `idle_s` idle seconds,
+    fn cycles through arg_sets back to back for `load_s` seconds (waiting on every 8th result).
+    Each call's kernels (the trace's kernels in start order, a fixed count per call) give its busy
+    time; burst_us is the median of the calls that start in the first `burst_ms` (the SM clock
+    still high), sustained_us of those that start `settled_s` or more in (on an H200 at T >= 16
+    MoE tokens, the 700 W cap by then; BENCHMARKS.md, issue 4, session 45). Also calls,
+    kernels_per_call, {burst,sustained}_calls and, with clocks, {burst,sustained}_clocks
+    (GpuClocks windows of the same spans). None when the trace holds no device kernels (a CPU)."""
+    sets = list(arg_sets)
+    if not sets:
+        raise ValueError("arg_sets: needs at least one argument tuple")
+    if not 0 < burst_ms / 1e3 < settled_s < load_s:
+        raise ValueError(f"need 0 < burst_ms / 1000 < settled_s < load_s, got burst_ms={burst_ms}, "
+                         f"settled_s={settled_s}, load_s={load_s}")
+    for a in sets:
+        jax.block_until_ready(fn(*a))
+    time.sleep(idle_s)
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            h0, n = time.time(), 0
+            while True:
+                out = fn(*sets[n % len(sets)])
+                n += 1
+                if n % 8 == 0:
+                    jax.block_until_ready(out)
+                    if time.time() - h0 >= load_s:
+                        break
+            h1 = time.time()
+        kernels, _ = device_kernels(d)
+    if not kernels:
+        return None
+    if len(kernels) % n:
+        raise ValueError(f"load_profile: {len(kernels)} kernels in the trace are not {n} calls of one count")
+    per, ks = len(kernels) // n, sorted(kernels, key=lambda k: k["ts"])
+    calls = [ks[c * per:(c + 1) * per] for c in range(n)]
+    d0 = calls[0][0]["ts"]
+    busy = [(c[0]["ts"] - d0, intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in c])) for c in calls]
+    out = dict(calls=n, kernels_per_call=per)
+    for name, lo, hi in (("burst", 0.0, burst_ms * 1e3), ("sustained", settled_s * 1e6, np.inf)):
+        sel = [b for start, b in busy if lo <= start < hi]
+        out[f"{name}_us"] = float(np.median(sel)) if sel else None
+        out[f"{name}_calls"] = len(sel)
+        if clocks is not None:
+            out[f"{name}_clocks"] = clocks.window(h0 + lo / 1e6, min(h0 + hi / 1e6, h1))
+    return out
 
 
 def measure_ceilings(clocks: "GpuClocks | None" = None) -> dict:

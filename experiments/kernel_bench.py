@@ -14,6 +14,14 @@ kernels each GEMM kernel's time and % of copy by its own bytes (its experts' wei
 and the rest of the call ("glue": routing alignment, row scaling, combine; `kernel_split`). --scale_dtype=float16 keeps the experts' scales in float16 (the same
 values), so the Pallas kernels multiply in float16 (pallas_triton.f16_compute).
 
+The kernels follow the SM clock, which an H200 lowers under its 700 W cap after ~1 s of load
+(BENCHMARKS.md, issue 4, session 45): the wall clock runs after --warm_s of calls (sustained), the
+trace's 16 calls come after a pause (a burst), and every row records both windows' SM clock.
+--load_s=3 (with --trace) adds a second table from one long trace per row: device time per call in
+the first 100 ms (burst) and after 1 s (sustained), each with its clock:
+  python3 experiments/kernel_bench.py --op=moe --sweep=false --trace --load_s=3 \
+      --impls=triton,pallas_triton --tokens=1,4,16,64,256,520,1040,2048 --out_dir=$OUT
+
 --impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
 split_k) on top of the tuned config per T, each checked against the golden before timing; and
 "parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
@@ -49,6 +57,11 @@ flags.DEFINE_enum("scale_dtype", "bfloat16", ["bfloat16", "float16"], "the INT4 
                   "(float16: the Pallas kernels multiply in float16, bf16 activations scaled per row)")
 flags.DEFINE_bool("sweep", True, "time the pallas_triton config sweep (else the tuned table only)")
 flags.DEFINE_float("min_time_s", 0.15, "time budget per measurement")
+flags.DEFINE_float("load_s", 0.0, "if > 0 (GPU): also each implementation's device time per call in a "
+                   "burst and under sustained load, from one trace of this many seconds of back-to-back "
+                   "calls after --idle_s idle (bench_util.load_profile; the H200 reaches its power cap "
+                   "after ~1 s), tabled with the SM clock of each regime")
+flags.DEFINE_float("idle_s", 2.0, "with --load_s: idle seconds before each load")
 flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each implementation's "
                    "timing, so the GPU's clocks have settled (bench_util.sustain)")
 flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "
@@ -326,6 +339,9 @@ def _bench_moe(clocks) -> dict:
                     traced = (bench_util.traced_device_time(fn, calls=16, warm=8, arg_sets=sets)
                               if FLAGS.trace else None)
                     row["trace_clocks"] = clocks.window(*traced["host_window"]) if traced else {}
+                    if FLAGS.load_s > 0 and (lp := bench_util.load_profile(
+                            fn, sets, load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)):
+                        row["load"] = lp
                     if traced:
                         w_bytes = d * i * (2 if impl == "bf16_weights" else 0.5 + 2 / 32) * active
                         row.update(device_us=traced["busy_us"], span_us=traced["span_us"], kernels=traced["kernels"],
@@ -347,6 +363,9 @@ def _bench_moe(clocks) -> dict:
     for row in rows:
         if "device_us" in row and "bytes" in row:
             row["pct_copy_device"] = 100 * row["bytes"] / (row["device_us"] * 1e-6) / bw
+        for regime in ("burst", "sustained"):
+            if row.get("load", {}).get(f"{regime}_us"):
+                row[f"{regime}_pct_copy"] = 100 * row["bytes"] / (row["load"][f"{regime}_us"] * 1e-6) / bw
     return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0]),
             "scale_dtype": FLAGS.scale_dtype}
 
@@ -394,6 +413,24 @@ def _mhz(row: dict) -> str:
     return "" if got == [None, None] else " / ".join("-" if v is None else f"{v:.0f}" for v in got)
 
 
+def _regimes_table(res: dict) -> str:
+    """Markdown: per row with a load profile (--load_s), device us per call (% of copy, SM MHz) in a
+    burst and under sustained load."""
+    def cell(r, regime):
+        us = r["load"].get(f"{regime}_us")
+        if us is None:
+            return "-"
+        mhz = r["load"].get(f"{regime}_clocks", {}).get("sm_mhz")
+        return f"{us:.1f} ({r[f'{regime}_pct_copy']:.1f}, {'-' if mhz is None else f'{mhz:.0f}'})"
+    lines = ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | sustained us (% copy, SM MHz) |",
+             "|---:|---|---:|---:|---:|---|---|"]
+    for r in res["rows"]:
+        if "load" in r:
+            lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
+                         f"{r['floor_s'] * 1e6:.0f} | {cell(r, 'burst')} | {cell(r, 'sustained')} |")
+    return "\n".join(lines)
+
+
 def _table(res: dict) -> str:
     """Markdown: per row the wall-clock figures, then (with --trace) device time, its % of copy, the
     GEMM kernels' us (% of copy by their own bytes) and the glue (`kernel_split`)."""
@@ -434,6 +471,8 @@ def main(argv):
     with open(os.path.join(FLAGS.out_dir, f"{FLAGS.op}.json"), "w") as f:
         json.dump(res, f, indent=1)
     table = _table(res)
+    if any("load" in r for r in res["rows"]):
+        table += "\n\n" + _regimes_table(res)
     with open(os.path.join(FLAGS.out_dir, f"{FLAGS.op}.md"), "w") as f:
         f.write(table + "\n")
     print(json.dumps(res["ceilings"]))

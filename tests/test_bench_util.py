@@ -197,3 +197,43 @@ def test_gpu_clocks_without_nvidia_smi_samples_nothing(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with bench_util.GpuClocks() as clocks:
         assert clocks.window(0.0, time.time()) == {}
+
+
+def test_load_profile_splits_calls_into_burst_and_sustained(monkeypatch):
+    """Each call's kernels (2 per call here, 1 ms apart) by start order; burst = calls starting in
+    the first burst_ms, sustained = from settled_s on; the trace's kernels must divide into calls."""
+    made = []
+    f = jax.jit(lambda x: x + 1)
+
+    def fn(x):
+        made.append(int(x[0]))
+        return f(x)
+
+    def fake_kernels(d):
+        n = len(made) - 2                         # the two untimed calls, one per arg set
+        ks = []
+        for c in range(n):
+            dur = 100.0 if c < 20 else 300.0      # slower once "capped"
+            ks += [dict(name="a", ts=c * 1000.0, dur=dur), dict(name="b", ts=c * 1000.0 + dur, dur=dur)]
+        return ks[::-1], []                       # any order
+    monkeypatch.setattr(bench_util, "device_kernels", fake_kernels)
+    sets = [(jnp.full(4, v),) for v in (0, 1)]
+    got = bench_util.load_profile(fn, sets, load_s=0.3, idle_s=0.0, burst_ms=10.0, settled_s=0.1)
+    assert made[:4] == [0, 1, 0, 1] and got["calls"] == len(made) - 2 and got["calls"] % 8 == 0
+    assert got["calls"] >= 120                    # 0.3 s of a trivial call (the fake's 1 ms spacing)
+    assert got["kernels_per_call"] == 2
+    assert got["burst_us"] == 200.0 and got["burst_calls"] == 10
+    assert got["sustained_us"] == 600.0 and got["sustained_calls"] == got["calls"] - 100
+    with pytest.raises(ValueError, match="settled_s"):
+        bench_util.load_profile(fn, sets, load_s=0.5, settled_s=1.0)
+    monkeypatch.setattr(bench_util, "device_kernels", lambda d: ([dict(name="a", ts=0.0, dur=1.0)] * 3, []))
+    with pytest.raises(ValueError, match="not .* calls of one count"):
+        bench_util.load_profile(fn, sets, load_s=0.05, idle_s=0.0, burst_ms=10.0, settled_s=0.02)
+
+
+def test_load_profile_is_none_without_a_device():
+    if jax.default_backend() != "cpu":
+        pytest.skip("checks the CPU answer")
+    f = jax.jit(lambda x: x + 1)
+    assert bench_util.load_profile(f, [(jnp.ones(4),)], load_s=0.05, idle_s=0.0, burst_ms=10.0,
+                                   settled_s=0.02) is None

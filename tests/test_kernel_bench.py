@@ -42,7 +42,7 @@ def test_parse_variants():
 
 
 SPLIT_CHECK = """
-from experiments.kernel_bench import kernel_split, _table
+from experiments.kernel_bench import kernel_split, _regimes_table, _table
 top = [{'name': 'gate_up', 'us': 500.0}, {'name': 'down', 'us': 250.0}, {'name': 'loop_reduce_fusion', 'us': 3.0}]
 got = kernel_split(top, 760.0, {'gate_up': 1.6e9, 'down': 0.8e9}, 4.0e12)
 want = dict(gate_up_us=500.0, down_us=250.0, glue_us=10.0, gate_up_pct_copy=80.0, down_pct_copy=80.0)
@@ -61,6 +61,11 @@ assert len({ln.count('|') for ln in lines}) == 1, lines          # every row has
 assert '| 760.0 | 771.5 | 84.9 | 500.0 (80.0) | 250.0 (80.0) | 10.0 | 16 | 1620 / 1980 |' in lines[2], lines[2]
 assert '| nan | nan | nan |  |  | nan | nan |  |' in lines[3], lines[3]
 assert 'RESOURCE_EXHAUSTED' in lines[4], lines[4]
+row.update(floor_s=645e-6, burst_pct_copy=88.7, sustained_pct_copy=79.4,
+           load=dict(burst_us=726.7, sustained_us=812.1, burst_clocks=dict(sm_mhz=1980.0), sustained_clocks={}))
+regimes = _regimes_table({'rows': [row, xla]}).splitlines()
+assert len(regimes) == 3 and len({ln.count('|') for ln in regimes}) == 1, regimes     # rows with a profile only
+assert regimes[2] == '| 16 | triton | 111.0 | 2750 | 645 | 726.7 (88.7, 1980) | 812.1 (79.4, -) |', regimes[2]
 print('ok')
 """
 
