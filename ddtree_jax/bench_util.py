@@ -315,16 +315,45 @@ def traced_device_time(fn: Callable, *args, calls: int = 10, top: int = 8,
     return dict(kernel_summary(kernels, calls, top), host_window=(t0, t1)) if kernels else None
 
 
+def loaded_trace(fn: Callable, arg_sets: Sequence[tuple], load_s: float):
+    """fn cycling through arg_sets back to back for load_s seconds inside one profiler trace,
+    waiting on every 8th result -> (host start time, calls made, [(host time, calls made)] at each
+    wait, the trace's device kernels)."""
+    waits = []
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            h0, n = time.time(), 0
+            while True:
+                out = fn(*arg_sets[n % len(arg_sets)])
+                n += 1
+                if n % 8 == 0:
+                    jax.block_until_ready(out)
+                    waits.append((time.time(), n))
+                    if waits[-1][0] - h0 >= load_s:
+                        break
+        kernels, _ = device_kernels(d)
+    return h0, n, waits, kernels
+
+
+def calls_busy(kernels: Sequence[dict], calls: int) -> list[tuple[float, float]]:
+    """Trace kernels of `calls` calls that launch a fixed count each -> per call in order (start
+    us after the first call's start, busy us: the union of its kernels' intervals)."""
+    if len(kernels) % calls:
+        raise ValueError(f"{len(kernels)} kernels in the trace are not {calls} calls of one count")
+    per, ks = len(kernels) // calls, sorted(kernels, key=lambda k: k["ts"])
+    groups = [ks[c * per:(c + 1) * per] for c in range(calls)]
+    return [(g[0]["ts"] - ks[0]["ts"], intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in g])) for g in groups]
+
+
 def load_profile(fn: Callable, arg_sets: Sequence[tuple], *, load_s: float = 3.0, idle_s: float = 2.0,
                  burst_ms: float = 100.0, settled_s: float = 1.0, clocks: "GpuClocks | None" = None) -> dict | None:
-    """Device time per call in two regimes, from one profiler trace: after `idle_s` idle seconds,
-    fn cycles through arg_sets back to back for `load_s` seconds (waiting on every 8th result).
-    Each call's kernels (the trace's kernels in start order, a fixed count per call) give its busy
-    time; burst_us is the median of the calls that start in the first `burst_ms` (the SM clock
-    still high), sustained_us of those that start `settled_s` or more in (on an H200 at T >= 16
-    MoE tokens, the 700 W cap by then; BENCHMARKS.md, issue 4, session 45). Also calls,
-    kernels_per_call, {burst,sustained}_calls and, with clocks, {burst,sustained}_clocks
-    (GpuClocks windows of the same spans). None when the trace holds no device kernels (a CPU)."""
+    """Device time per call in two regimes, from one `loaded_trace` of `load_s` seconds after
+    `idle_s` idle seconds (each set called once untimed first): burst_us is the median busy time
+    (`calls_busy`) of the calls that start in the first `burst_ms` (the SM clock still high),
+    sustained_us of those that start `settled_s` or more in (on an H200 at T >= 16 MoE tokens, the
+    700 W cap by then; BENCHMARKS.md, issue 4, session 45). Also calls, kernels_per_call,
+    {burst,sustained}_calls and, with clocks, {burst,sustained}_clocks (GpuClocks windows of the
+    same spans). None when the trace holds no device kernels (a CPU)."""
     sets = list(arg_sets)
     if not sets:
         raise ValueError("arg_sets: needs at least one argument tuple")
@@ -334,33 +363,17 @@ def load_profile(fn: Callable, arg_sets: Sequence[tuple], *, load_s: float = 3.0
     for a in sets:
         jax.block_until_ready(fn(*a))
     time.sleep(idle_s)
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
-            h0, n = time.time(), 0
-            while True:
-                out = fn(*sets[n % len(sets)])
-                n += 1
-                if n % 8 == 0:
-                    jax.block_until_ready(out)
-                    if time.time() - h0 >= load_s:
-                        break
-            h1 = time.time()
-        kernels, _ = device_kernels(d)
+    h0, n, waits, kernels = loaded_trace(fn, sets, load_s)
     if not kernels:
         return None
-    if len(kernels) % n:
-        raise ValueError(f"load_profile: {len(kernels)} kernels in the trace are not {n} calls of one count")
-    per, ks = len(kernels) // n, sorted(kernels, key=lambda k: k["ts"])
-    calls = [ks[c * per:(c + 1) * per] for c in range(n)]
-    d0 = calls[0][0]["ts"]
-    busy = [(c[0]["ts"] - d0, intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in c])) for c in calls]
-    out = dict(calls=n, kernels_per_call=per)
+    busy = calls_busy(kernels, n)
+    out = dict(calls=n, kernels_per_call=len(kernels) // n)
     for name, lo, hi in (("burst", 0.0, burst_ms * 1e3), ("sustained", settled_s * 1e6, np.inf)):
         sel = [b for start, b in busy if lo <= start < hi]
         out[f"{name}_us"] = float(np.median(sel)) if sel else None
         out[f"{name}_calls"] = len(sel)
         if clocks is not None:
-            out[f"{name}_clocks"] = clocks.window(h0 + lo / 1e6, min(h0 + hi / 1e6, h1))
+            out[f"{name}_clocks"] = clocks.window(h0 + lo / 1e6, min(h0 + hi / 1e6, waits[-1][0]))
     return out
 
 

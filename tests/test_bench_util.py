@@ -237,3 +237,10 @@ def test_load_profile_is_none_without_a_device():
     f = jax.jit(lambda x: x + 1)
     assert bench_util.load_profile(f, [(jnp.ones(4),)], load_s=0.05, idle_s=0.0, burst_ms=10.0,
                                    settled_s=0.02) is None
+
+
+def test_calls_busy_groups_kernels_by_start_order():
+    ks = [dict(ts=105.0, dur=5.0), dict(ts=100.0, dur=3.0), dict(ts=102.0, dur=2.0), dict(ts=110.0, dur=1.0)]
+    assert bench_util.calls_busy(ks, 2) == [(0.0, 4.0), (5.0, 6.0)]   # [100, 104] and [105, 111]
+    with pytest.raises(ValueError, match="4 kernels in the trace are not 3 calls"):
+        bench_util.calls_busy(ks, 3)

@@ -5,7 +5,7 @@ under sustained load (BENCHMARKS.md, issue 4, session 45). GPU only, from the re
 Each variant is tuning.config(T) with the fields given (kernel_bench.py --variants syntax), checked
 against the xla path first. Per round, T and variant (interleaved): `--idle_s` idle, then
 `--load_s` of back-to-back calls over 4 routings in one profiler trace
-(moe_sustained_clock_session45.loaded_trace); "burst" is the median per-call device time of the
+(bench_util.loaded_trace); "burst" is the median per-call device time of the
 calls that start in the first 100 ms (SM clock near 1980 MHz), "sustained" of those that start
 after 1 s (the H200 at its 700 W cap, clock 1400-1700 MHz)."""
 import importlib.util
@@ -65,11 +65,10 @@ def main(_):
             for rnd in range(FLAGS.rounds):
                 for name, fn in calls.items():
                     time.sleep(FLAGS.idle_s)
-                    h0, n, _, kernels = sus.loaded_trace(fn, inputs, FLAGS.load_s)
-                    per = sus.per_call(kernels, n)
-                    d0 = per[0][0]
-                    burst = [b for s, b in per if s - d0 < 1e5]
-                    late = [b for s, b in per if s - d0 >= 1e6]
+                    h0, n, _, kernels = bench_util.loaded_trace(fn, inputs, FLAGS.load_s)
+                    per = bench_util.calls_busy(kernels, n)     # (start us after the first, busy us)
+                    burst = [b for s, b in per if s < 1e5]
+                    late = [b for s, b in per if s >= 1e6]
                     row = dict(T=t, variant=name, round=rnd, calls=n, burst_us=float(np.median(burst)),
                                sustained_us=float(np.median(late)),
                                burst_mhz=clocks.window(h0, h0 + 0.1).get("sm_mhz"),

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.getcwd())
@@ -39,39 +38,6 @@ flags.DEFINE_string("out", "", "JSON here")
 FLAGS = flags.FLAGS
 
 
-def per_call(kernels: list, calls: int) -> list[tuple[float, float]]:
-    """Trace kernels of `calls` calls -> [(start ts us, busy us)] per call, in order."""
-    ks = sorted(kernels, key=lambda k: k["ts"])
-    if len(ks) % calls:
-        raise ValueError(f"{len(ks)} kernels are not {calls} calls of a fixed count")
-    n = len(ks) // calls
-    out = []
-    for c in range(calls):
-        group = ks[c * n:(c + 1) * n]
-        out.append((group[0]["ts"], bench_util.intervals_union([(k["ts"], k["ts"] + k["dur"]) for k in group])))
-    return out
-
-
-def loaded_trace(fn, inputs, load_s: float):
-    """fn(*inputs[n % len(inputs)]) back to back for load_s seconds inside one profiler trace,
-    waiting on every 8th result -> (host start time, calls, [(host time, calls made)] at each
-    wait, the trace's device kernels)."""
-    waits = []
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
-            h0, n = time.time(), 0
-            while True:
-                out = fn(*inputs[n % len(inputs)])
-                n += 1
-                if n % 8 == 0:
-                    jax.block_until_ready(out)
-                    waits.append((time.time(), n))
-                    if waits[-1][0] - h0 >= load_s:
-                        break
-        kernels, _ = bench_util.device_kernels(d)
-    return h0, n, waits, kernels
-
-
 def main(_):
     ceil = probe.setup_gpu()
     bw = ceil["copy_tbps"] * 1e12
@@ -92,15 +58,14 @@ def main(_):
             for r in range(4):
                 jax.block_until_ready(fn(*inputs[r]))
             time.sleep(FLAGS.idle_s)
-            h0, n, waits, kernels = loaded_trace(fn, inputs, FLAGS.load_s)
-            calls = per_call(kernels, n)
-            d0 = calls[0][0]
+            h0, n, waits, kernels = bench_util.loaded_trace(fn, inputs, FLAGS.load_s)
+            calls = bench_util.calls_busy(kernels, n)       # (start us after the first, busy us)
             late = [w for w in waits if w[0] >= waits[-1][0] - 1.0]
             wall_us = (late[-1][0] - late[0][0]) / (late[-1][1] - late[0][1]) * 1e6
             late_dev = float(np.median([b for _, b in calls[late[0][1]:late[-1][1]]]))
             bins = []
             for b0 in range(0, int(FLAGS.load_s * 1000) + FLAGS.bin_ms, FLAGS.bin_ms):
-                sel = [b for s, b in calls if b0 * 1e3 <= s - d0 < (b0 + FLAGS.bin_ms) * 1e3]
+                sel = [b for s, b in calls if b0 * 1e3 <= s < (b0 + FLAGS.bin_ms) * 1e3]
                 if not sel:
                     continue
                 med = float(np.median(sel))
