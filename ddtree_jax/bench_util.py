@@ -366,15 +366,57 @@ def load_profile(fn: Callable, arg_sets: Sequence[tuple], *, load_s: float = 3.0
     h0, n, waits, kernels = loaded_trace(fn, sets, load_s)
     if not kernels:
         return None
-    busy = calls_busy(kernels, n)
-    out = dict(calls=n, kernels_per_call=len(kernels) // n)
+    return dict(calls=n, kernels_per_call=len(kernels) // n,
+                **regimes(calls_busy(kernels, n), h0, waits[-1][0], burst_ms=burst_ms, settled_s=settled_s,
+                          clocks=clocks))
+
+
+def regimes(calls: Sequence[tuple[float, float]], h0: float, h1: float, *, burst_ms: float, settled_s: float,
+            clocks: "GpuClocks | None" = None) -> dict:
+    """Calls [(start us after the first call's, us)] of a load that ran from host time h0 to h1 ->
+    burst_us / sustained_us (medians of the calls that start in the first burst_ms / from
+    settled_s on; None where there are none), burst_calls / sustained_calls and, with clocks,
+    burst_clocks / sustained_clocks (GpuClocks windows of the same spans)."""
+    out = {}
     for name, lo, hi in (("burst", 0.0, burst_ms * 1e3), ("sustained", settled_s * 1e6, np.inf)):
-        sel = [b for start, b in busy if lo <= start < hi]
+        sel = [us for start, us in calls if lo <= start < hi]
         out[f"{name}_us"] = float(np.median(sel)) if sel else None
         out[f"{name}_calls"] = len(sel)
         if clocks is not None:
-            out[f"{name}_clocks"] = clocks.window(h0 + lo / 1e6, min(h0 + hi / 1e6, waits[-1][0]))
+            out[f"{name}_clocks"] = clocks.window(h0 + lo / 1e6, min(h0 + hi / 1e6, h1))
     return out
+
+
+def sustained_copy(*, nbytes: int = 2**30, load_s: float = 3.0, idle_s: float = 2.0, burst_ms: float = 100.0,
+                   settled_s: float = 1.0, clocks: "GpuClocks | None" = None) -> dict:
+    """The copy ceiling in load_profile's two regimes (needs torch on a CUDA GPU): after idle_s,
+    torch `copy_` of nbytes back to back for load_s seconds, each copy timed by CUDA events ->
+    `regimes` of the per-copy us plus burst_tbps / sustained_tbps (bytes read + written): whether
+    the ceiling, measured in ~0.35 s by measure_ceilings, also moves under a sustained load."""
+    import torch
+    src = torch.empty(nbytes, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    time.sleep(idle_s)
+    events, h0 = [], time.time()
+    while time.time() - h0 < load_s:
+        for _ in range(8):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src)
+            b.record()
+            events.append((a, b))
+        events[-1][1].synchronize()
+    h1 = time.time()
+    first = events[0][0]
+    calls = [(first.elapsed_time(a) * 1e3, a.elapsed_time(b) * 1e3) for a, b in events]
+    del src, dst
+    torch.cuda.empty_cache()
+    out = regimes(calls, h0, h1, burst_ms=burst_ms, settled_s=settled_s, clocks=clocks)
+    for name in ("burst", "sustained"):
+        out[f"{name}_tbps"] = 2 * nbytes / (out[f"{name}_us"] * 1e-6) / 1e12 if out[f"{name}_us"] else None
+    return dict(out, copies=len(calls))
 
 
 def measure_ceilings(clocks: "GpuClocks | None" = None) -> dict:
@@ -382,7 +424,8 @@ def measure_ceilings(clocks: "GpuClocks | None" = None) -> dict:
     `copy_` of 2 GiB, bytes read + written; an XLA elementwise op reaches less), and the bf16
     matmul rate of an 8192^3 product through XLA and through torch (matmul_tflops_xla, _torch).
     clocks: also each measurement's GpuClocks window (copy_clocks, matmul_xla_clocks,
-    matmul_torch_clocks): the matmul rates follow the SM clock, the copy does not."""
+    matmul_torch_clocks): the matmul rates follow the SM clock (`sustained_copy`: the copy under
+    a sustained load)."""
     import jax.numpy as jnp
     import torch
     import triton

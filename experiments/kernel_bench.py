@@ -222,6 +222,8 @@ def _bench_moe(clocks) -> dict:
     from pallas_kernels.moe.xla import moe_experts_xla
 
     ceil = bench_util.measure_ceilings(clocks)
+    if FLAGS.load_s > 0:      # the copy ceiling in the same two regimes as the rows' load profiles
+        ceil["copy_load"] = bench_util.sustained_copy(load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)
     print("ceilings", ceil, flush=True)
     rate = max(ceil["matmul_tflops_torch"], ceil["matmul_tflops_xla"]) * 1e12
     bw = ceil["copy_tbps"] * 1e12
@@ -422,8 +424,16 @@ def _regimes_table(res: dict) -> str:
             return "-"
         mhz = r["load"].get(f"{regime}_clocks", {}).get("sm_mhz")
         return f"{us:.1f} ({r[f'{regime}_pct_copy']:.1f}, {'-' if mhz is None else f'{mhz:.0f}'})"
-    lines = ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | sustained us (% copy, SM MHz) |",
-             "|---:|---|---:|---:|---:|---|---|"]
+    lines = []
+    if cl := res.get("ceilings", {}).get("copy_load"):
+        def mhz(regime):
+            v = cl.get(f"{regime}_clocks", {}).get("sm_mhz")
+            return "-" if v is None else f"{v:.0f}"
+        lines += [f"copy under the same load: burst {cl['burst_tbps']:.3f} TB/s (SM {mhz('burst')} MHz), "
+                  f"sustained {cl['sustained_tbps']:.3f} TB/s (SM {mhz('sustained')} MHz); "
+                  f"% copy below is of {res['ceilings']['copy_tbps']:.3f} TB/s (measure_ceilings)", ""]
+    lines += ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | sustained us (% copy, SM MHz) |",
+              "|---:|---|---:|---:|---:|---|---|"]
     for r in res["rows"]:
         if "load" in r:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "

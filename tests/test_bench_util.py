@@ -244,3 +244,11 @@ def test_calls_busy_groups_kernels_by_start_order():
     assert bench_util.calls_busy(ks, 2) == [(0.0, 4.0), (5.0, 6.0)]   # [100, 104] and [105, 111]
     with pytest.raises(ValueError, match="4 kernels in the trace are not 3 calls"):
         bench_util.calls_busy(ks, 3)
+
+
+def test_regimes_takes_medians_of_the_first_and_the_settled_calls():
+    calls = [(0.0, 10.0), (40e3, 12.0), (90e3, 11.0), (150e3, 30.0), (1.0e6, 20.0), (1.5e6, 22.0), (2.0e6, 21.0)]
+    got = bench_util.regimes(calls, 100.0, 102.5, burst_ms=100.0, settled_s=1.0)
+    assert got == dict(burst_us=11.0, burst_calls=3, sustained_us=21.0, sustained_calls=3)
+    none = bench_util.regimes(calls[:2], 0.0, 1.0, burst_ms=10.0, settled_s=0.5)
+    assert none["burst_us"] == 10.0 and none["sustained_us"] is None and none["sustained_calls"] == 0
