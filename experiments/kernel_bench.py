@@ -18,7 +18,8 @@ The kernels follow the SM clock, which an H200 lowers under its 700 W cap after 
 (BENCHMARKS.md, issue 4, session 45): the wall clock runs after --warm_s of calls (sustained), the
 trace's 16 calls come after a pause (a burst), and every row records both windows' SM clock.
 --load_s=3 (with --trace) adds a second table from one long trace per row: device time per call in
-the first 100 ms (burst) and after 1 s (sustained), each with its clock:
+the first 100 ms (burst) and after 1 s (sustained), each with its clock, headed by the copy
+ceiling measured the same way (bench_util.sustained_copy):
   python3 experiments/kernel_bench.py --op=moe --sweep=false --trace --load_s=3 \
       --impls=triton,pallas_triton --tokens=1,4,16,64,256,520,1040,2048 --out_dir=$OUT
 
