@@ -262,7 +262,7 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
                   in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), mosaic_balance=False,
-                  lengths=("uniform",), warm_s=0.0, clocks=None, log=print) -> list[dict]:
+                  lengths=("uniform",), warm_s=0.0, clocks=None, max_sets=8, log=print) -> list[dict]:
     """Time every (ctx, Q, S, lengths) shape; returns one dict per (shape, implementation or config).
 
     The cache has aligned_slots(longest context + Q) slots, as engine.setup allocates; each
@@ -277,6 +277,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     clocks: a bench_util.GpuClocks; each row gets the SM clock of its wall-clock and traced windows
     (wall_clocks, trace_clocks): the compute-bound shapes follow that clock, which the H200 lowers
     under its 700 W cap after ~1 s of load (BENCHMARKS.md, issue 4, session 45).
+    max_sets: at most this many input sets per shape (fewer where 256 MB of caches holds fewer;
+    at least 2), cycled by the timings and called once each inside the in-graph program.
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
     (mosaic_parts).
@@ -297,7 +299,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
         flops = 2 * num_q * heads * (sum(contexts) + num_s * num_q) * (dk + v_dim)
         nbytes = 2 * ((sum(contexts) + num_s * num_q) * dk + num_s * num_q * heads * (dk + v_dim))
         floor = max(nbytes / copy_bw, flops / rate)
-        sets = int(min(8, max(2, -(-(256 << 20) // (2 * num_s * num_slots * dk)))))
+        sets = int(min(max_sets, max(2, -(-(256 << 20) // (2 * num_s * num_slots * dk)))))
         args = make_inputs(jax.random.key(ctx * 7 + num_q * 3 + num_s), num_s, num_q, heads, dk,
                            contexts, num_slots, sets)
         fns = {}

@@ -94,7 +94,7 @@ tp = two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2)
 rows = mla_bench.run_mla_bench([70], [5], [2], heads=2, dk=48, v_dim=32, configs={'auto': None, tp.name: tp},
                                ceilings={'copy_tbps': 1.0, 'matmul_tflops_xla': 1.0, 'matmul_tflops_torch': 1.0},
                                parts=True, impls=('pallas_triton', 'xla', 'auto'), in_graph=True,
-                               trace=True, lengths=('uniform', 'spread'), log=lambda _: None)
+                               trace=True, lengths=('uniform', 'spread'), max_sets=2, log=lambda _: None)
 assert mla_bench.stream_contexts(70, 2, 'spread') == [35, 105]
 assert {r['lengths'] for r in rows} == {'uniform', 'spread'} and len(rows) == 8
 spread = [r for r in rows if r['lengths'] == 'spread']
@@ -119,7 +119,8 @@ print('ok')
 
 def test_mla_bench_runs_on_the_cpu():
     """experiments/mla_bench.py's sweep (interpret mode, given ceilings): golden-checked rows for the
-    auto and a two-pass config, each pass of the two-pass one timed alone, and impl="auto"."""
+    auto and a two-pass config, each pass of the two-pass one timed alone, and impl="auto"; two
+    input sets per shape (max_sets), so each in-graph program holds two interpreted calls."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", MLA_CHECK], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
