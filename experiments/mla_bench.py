@@ -394,13 +394,20 @@ def _fmt(r: dict) -> str:
             f"{r['tflops']:6.1f} TF/s{graph}{err}")
 
 
+def _mhz(row: dict) -> str:
+    """'wall / trace' median SM MHz of a row's clock windows (run_mla_bench's clocks), '' if none."""
+    got = [row.get(k, {}).get("sm_mhz") for k in ("wall_clocks", "trace_clocks")]
+    return "" if got == [None, None] else " / ".join("-" if v is None else f"{v:.0f}" for v in got)
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: one line per shape, the best of the kernels (pallas configs, mosaic_gpu, auto) vs xla;
-    in-graph: that kernel's time_in_graph, device: its traced device-busy time (where measured).
+    in-graph: that kernel's time_in_graph, device: its traced device-busy time (where measured), and
+    the SM clock of its wall-clock and traced windows (where sampled).
     ctx carries "spread" where the streams' contexts spread around it (stream_contexts)."""
     out = ["| ctx | Q | S | GFLOP | MB | floor ms | best ms | % floor | in-graph ms | in-graph % floor "
-           "| device ms | device % floor | xla ms | speedup | kernel |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| device ms | device % floor | xla ms | speedup | kernel | SM MHz wall / trace |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     key = lambda r: (r["ctx"], r["q"], r["s"], r.get("lengths", "uniform"))  # noqa: E731
     for shape in sorted({key(r) for r in rows}):
         rs = [r for r in rows if key(r) == shape and "ms" in r]
@@ -416,7 +423,7 @@ def table(rows: list[dict]) -> str:
         ctx = f"{shape[0]}" + (" spread" if shape[3] == "spread" else "")
         out.append(f"| {ctx} | {shape[1]} | {shape[2]} | {best['flops'] / 1e9:.1f} | "
                    f"{best['bytes'] / 1e6:.1f} | {best['floor_ms']:.3f} | {best['ms']:.3f} | "
-                   f"{best['pct_floor']:.1f} | {graph} | {x} | {best['impl']} |")
+                   f"{best['pct_floor']:.1f} | {graph} | {x} | {best['impl']} | {_mhz(best)} |")
     return "\n".join(out)
 
 

@@ -231,6 +231,9 @@ def test_mla_bench_device_time_is_per_call(monkeypatch):
                top_kernels=got["top"])
     assert "device 0.020 ms 10.0% (3 kernels: body_mosaic_gpu_kernel 15.0 us)" in mla_bench._fmt(row)
     assert "| 0.020 | 10.0 |" in mla_bench.table([row])
+    assert mla_bench.table([row]).splitlines()[-1].endswith("| mosaic_gpu |  |")         # no clocks sampled
+    row.update(wall_clocks=dict(sm_mhz=1755.0), trace_clocks={})
+    assert mla_bench.table([row]).splitlines()[-1].endswith("| mosaic_gpu | 1755 / - |")
 
 
 def test_mla_mosaic_probe_summarises_the_timeline():
