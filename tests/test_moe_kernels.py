@@ -79,12 +79,14 @@ def test_moe_experts_matches_golden(impl, case):
                          ids=["bf16-w0.05", "f16-w0.05", "bf16-w0.01"])
 def test_f16_scales_match_golden(impl, dtype, w_std):
     """INT4 experts with float16 scales (the bf16 scales' values, converted exactly) and rows of
-    activations 1e-6 to 1e6 in size (bf16; float16: 0.03 to 3): pallas_triton and triton multiply in
+    activations 1e-6 to 1e6 in size (bf16; float16: 0.3 to 3): pallas_triton and triton multiply in
     float16, each row scaled into float16's range by a power of two and back, so no row overflows
     or flushes; each row's error against the float64 golden within F16_TOL (the others: TOL).
     Weights of std 0.05 give scales of about 2^-7 .. 2^-5, 0.01 about 2^-9 .. 2^-7: on a GPU the
     fused dequantisation's products then partly round as float16 subnormals (ptx.FUSED_M). (Not
-    with float16 activations: their outputs, ~1e-6, would be float16 subnormals themselves.)"""
+    with float16 activations: their outputs, ~1e-6, would be float16 subnormals themselves. Nor
+    float16 rows of 0.03: in 31 seeds of 3000 some row's outputs were then ~1e-5, where the
+    float16-rounded golden alone is over 1e-3 off; at 0.3, 3000 seeds' rounding stays < 2.6e-4.)"""
     t, k, e, d, i = 9, 2, 5, 288, 96
     rng = fresh_rng()
     hf = [moe.quantize_int4(rng.standard_normal(s).astype(np.float32) * w_std)
@@ -93,7 +95,7 @@ def test_f16_scales_match_golden(impl, dtype, w_std):
     assert all(experts[f"{n}_qscale"].dtype == jnp.float16 for n in ("gate", "up", "down"))
     g, u, dn = (dequantize_int4_golden(p, sc) for p, sc in hf)
     ids, w = _routing(rng, "random", t, k, e)
-    lo, hi = (-6, 6) if dtype == jnp.bfloat16 else (-1.5, 0.5)   # float16: xla's h must not overflow
+    lo, hi = (-6, 6) if dtype == jnp.bfloat16 else (-0.5, 0.5)   # float16: outputs stay normal
     x = jnp.asarray(rng.standard_normal((t, d)) * 10.0 ** np.linspace(lo, hi, t)[:, None], dtype)
     out = moe.moe_experts(x, jnp.asarray(ids), jnp.asarray(w), experts, impl=impl)
     assert out.dtype == dtype
