@@ -252,3 +252,47 @@ def test_regimes_takes_medians_of_the_first_and_the_settled_calls():
     assert got == dict(burst_us=11.0, burst_calls=3, sustained_us=21.0, sustained_calls=3)
     none = bench_util.regimes(calls[:2], 0.0, 1.0, burst_ms=10.0, settled_s=0.5)
     assert none["burst_us"] == 10.0 and none["sustained_us"] is None and none["sustained_calls"] == 0
+
+
+def test_sustained_copy_times_each_copy_by_its_events(monkeypatch):
+    """sustained_copy with a fake torch whose copies take 100 us for the first 5 ms of GPU time and
+    250 us after: each copy's us from its own event pair, starts from the first event, TB/s of the
+    bytes read + written; the buffers are released."""
+    import sys
+    import types
+
+    clock = {"gpu_us": 0.0, "copies": 0, "freed": 0}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = clock["gpu_us"]
+
+        def synchronize(self):
+            assert self.t is not None
+
+        def elapsed_time(self, end):             # milliseconds, as torch's
+            return (end.t - self.t) / 1e3
+
+    class Buffer:
+        def __init__(self, n):
+            self.n = n
+
+        def copy_(self, src):
+            assert src.n == self.n
+            clock["copies"] += 1
+            clock["gpu_us"] += 100.0 if clock["gpu_us"] < 5e3 else 250.0
+
+    cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: None,
+                                 empty_cache=lambda: clock.__setitem__("freed", clock["freed"] + 1))
+    fake = types.SimpleNamespace(cuda=cuda, uint8="uint8", empty=lambda n, device, dtype: Buffer(n),
+                                 empty_like=lambda b: Buffer(b.n))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    got = bench_util.sustained_copy(nbytes=2**20, load_s=0.05, idle_s=0.0, burst_ms=4.0, settled_s=0.01)
+    assert got["copies"] == clock["copies"] - 1 and got["copies"] % 8 == 0 and clock["freed"] == 1
+    assert got["burst_us"] == 100.0 and got["burst_calls"] == 40                # starts 0, 100, ..., 3900 us
+    assert got["sustained_us"] == 250.0 and got["sustained_calls"] == got["copies"] - 70   # from 10 ms: 50 + 20
+    assert got["burst_tbps"] == 2 * 2**20 / 100e-6 / 1e12 and got["sustained_tbps"] == 2 * 2**20 / 250e-6 / 1e12
