@@ -37,7 +37,10 @@ n-way verify then runs on that tree, and its logits must match within ddtree_jax
 (relative error 5e-2 in bfloat16, 1e-3 in float32) before the verify, accept and parts are timed.
 Timing: median over --reps rounds of --inner back-to-back calls synchronised once per round (the
 host's dispatch overlaps the device's work), after one untimed call; compiles are ahead of time
-(lower + compile) and timed separately. Verified tokens/s = S (B+1) / verify time.
+(lower + compile) and timed separately. Verified tokens/s = S (B+1) / verify time. Each timing
+also keeps GPU 0's SM clock and power-cap state over it (bench_util.GpuClocks, nvidia-smi; the
+point's "clocks", the table's verify column): the H200 lowers its SM clock under its 700 W cap
+after about 1 s of heavy load, and SM-bound work slows with it (BENCHMARKS.md, issue 4, session 45).
 
 Projection: ddtree_jax.roofline.step_time for the same layer count, n GPUs and context (--gpu,
 --calibration); its verify = attention + MoE + rest + comm + head. It models the "tensor" layout
@@ -69,7 +72,7 @@ from ddtree_jax import memory_plan as mp
 from ddtree_jax import model as tgt
 from ddtree_jax import roofline as rf
 from ddtree_jax import parity, sharding
-from ddtree_jax.bench_util import markdown_table, median_seconds
+from ddtree_jax.bench_util import GpuClocks, markdown_table, median_seconds
 from ddtree_jax.drafter import DrafterCache
 from ddtree_jax.sampling import Sampling
 from pallas_kernels import registry
@@ -266,16 +269,23 @@ class _Chain:
 # ---- one point -----------------------------------------------------------------------------------
 
 def measure_point(progs: _Programs, tparams, dparams, state, draft_logits, cfg, dcfg, budget: int,
-                  streams: int, key, reps: int, inner: int, parts: bool, ref=None):
+                  streams: int, key, reps: int, inner: int, parts: bool, ref=None,
+                  clocks: GpuClocks | None = None):
     """Seconds per stage and per part at (budget, streams); -> (row of seconds, the latest state).
     ref: the 1-way run's (tree, verify logits) here (`reference_outputs`): the verify then runs on
     that tree, and its logits must match before anything after the tree is timed (the row's
-    "logits_error" is their relative error)."""
+    "logits_error" is their relative error). The row's "clocks": per timed stage or part, GPU 0's
+    SM clock and power-cap state over its timing (`GpuClocks.window`; {} without nvidia-smi)."""
     plan = engine.Plan(cfg, dcfg, "ddtree", budget, Sampling(), ())
-    time_of = functools.partial(median_seconds, reps=reps, inner=inner)
-    row = {}
+    row, windows = {}, {}
+
+    def time_of(name, fn, *args):     # row[name] = median seconds of fn(*args), its clock window kept
+        t0 = time.time()
+        row[name] = median_seconds(fn, *args, reps=reps, inner=inner)
+        windows[name] = clocks.window(t0, time.time()) if clocks else {}
+
     tree_c = progs.compile("tree", _tree, draft_logits, plan=plan)
-    row["tree"] = time_of(tree_c, draft_logits)
+    time_of("tree", tree_c, draft_logits)
     tree = tree_c(draft_logits)
     if ref is not None:   # the n-way draft may round a near-tie of the random drafter otherwise
         tree = jax.device_put(ref[0], jax.tree.map(lambda x: x.sharding, tree))
@@ -288,22 +298,22 @@ def measure_point(progs: _Programs, tparams, dparams, state, draft_logits, cfg, 
         row["logits_error"] = parity.check_sharded(
             f"{n}-way verify logits (budget {budget}, {streams} streams)", np.asarray(chain()[0]),
             ref[1], state.tcache.kv[0].dtype)
-    row["verify"] = time_of(chain)
+    time_of("verify", chain)
     logits, taps, tokens, state = chain.out
 
     accept_c = progs.compile("accept", _accept, dparams, state, tree, logits, taps, tokens, plan=plan)
     chain = _Chain(accept_c, state, before=(dparams,), after=(tree, logits, taps, tokens))
-    row["accept"] = time_of(chain)
+    time_of("accept", chain)
     state = chain.state
     if not parts:
-        return row, state
+        return dict(row, clocks=windows), state
 
     q_len = budget + 1
     k_attn, k_moe = jax.random.split(key)
     q = _normal(k_attn, shape=(streams, q_len, cfg.num_attention_heads, cfg.latent_dim),
                 dtype=state.tcache.kv[0].dtype, logical=("streams", None, "heads", None))
     args = (q, state.tcache.kv[0], state.tcache.lengths, tree.node_mask)
-    row["attention"] = time_of(progs.compile("attention", _attention_part, *args, cfg=cfg), *args)
+    time_of("attention", progs.compile("attention", _attention_part, *args, cfg=cfg), *args)
 
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     x = None
@@ -312,17 +322,17 @@ def measure_point(progs: _Programs, tparams, dparams, state, draft_logits, cfg, 
         x, ids, w = _routed_tokens(k_moe, layer["gate"], cfg=cfg, tokens=streams * q_len,
                                    dtype=state.tcache.kv[0].dtype)
         args = (x, ids, w, layer["experts"])
-        row["moe"] = time_of(progs.compile("moe", _moe_part, *args), *args)
+        time_of("moe", progs.compile("moe", _moe_part, *args), *args)
     if x is None:
         x = _normal(k_moe, shape=(streams * q_len, cfg.hidden_size), dtype=state.tcache.kv[0].dtype,
                     logical=("streams", None))
     dense_layers = [i for i in range(cfg.num_hidden_layers) if not cfg.is_moe_layer(i)]
     if dense_layers:
         mlp = tparams[f"layers_{dense_layers[0]}"]["mlp"]
-        row["dense"] = time_of(progs.compile("dense", _dense_part, x, mlp, cfg=cfg), x, mlp)
+        time_of("dense", progs.compile("dense", _dense_part, x, mlp, cfg=cfg), x, mlp)
     head = tparams["lm_head"]["kernel"]
-    row["head"] = time_of(progs.compile("head", _head_part, x, head, streams=streams), x, head)
-    return row, state
+    time_of("head", progs.compile("head", _head_part, x, head, streams=streams), x, head)
+    return dict(row, clocks=windows), state
 
 
 # ---- projection, extrapolation, the row ---------------------------------------------------------
@@ -400,7 +410,12 @@ TABLE = (("devices", "n"), ("budget", "B"), ("streams", "S"), ("tokens", "tokens
          ("draft_ms", "draft ms"), ("tree_ms", "tree ms"), ("accept_ms", "accept ms"),
          ("proj_verify_ms", "projected verify ms"), ("verify_ratio", "measured/projected"),
          ("full_extrapolated_ms", "full: extrapolated ms"), ("full_projected_ms", "full: projected ms"),
-         ("logits_error", "logits error vs 1-way"))
+         ("logits_error", "logits error vs 1-way"), ("verify_sm_mhz", "SM MHz (verify)"))
+
+
+def _mhz(window: dict) -> int | None:
+    """A GpuClocks window's median SM clock as whole MHz (None without samples)."""
+    return None if "sm_mhz" not in window else round(window["sm_mhz"])
 
 
 def _plan_table(plans) -> str:
@@ -470,9 +485,10 @@ def reference_outputs(o: Options, cfg, dcfg, work: mp.Workload) -> dict:
 
 
 def _measure_mesh(o: Options, n: int, cfg, dcfg, full, dfull, work: mp.Workload, result: dict,
-                  write, out_of_time, reference: dict | None) -> None:
+                  write, out_of_time, reference: dict | None, clocks: GpuClocks | None = None) -> None:
     """Every (streams, budget) point on the mesh of the first n devices; n > 1 with a
-    `reference_outputs`: each point's verify is checked against it before it is timed."""
+    `reference_outputs`: each point's verify is checked against it before it is timed. clocks:
+    each point's SM clock windows (`measure_point`)."""
     shape = _print_run_plan(o, n, cfg, dcfg, full, work, result)
     mesh = sharding.make_mesh(shape)
     progs, key = _Programs(), jax.random.key(0)
@@ -499,15 +515,18 @@ def _measure_mesh(o: Options, n: int, cfg, dcfg, full, dfull, work: mp.Workload,
                 ref = reference[(s, b)] if reference and n > 1 else None
                 t, state = measure_point(progs, tparams, dparams, state, draft_logits, cfg, dcfg, b, s,
                                          jax.random.fold_in(key, 1000 * s + b), o.reps, o.inner, o.parts,
-                                         ref)
+                                         ref, clocks)
                 err = t.pop("logits_error", None)
+                windows = t.pop("clocks")
                 t["draft"] = t_draft
                 proj = lambda c, d, g: projection(c, d, g, o.context, s, b, o.gpu, o.calibration)
                 act = mp.activation_bytes(cfg, dcfg, dataclasses.replace(work, streams=s, budget=b),
                                           mp.abstract_mesh(shape))["peak"]
                 row = dict(devices=n, mesh=shape, budget=b, streams=s, tokens=s * (b + 1),
                            tokens_per_s=s * (b + 1) / t["verify"], verify_temp_bytes=t["verify_temp_bytes"],
-                           plan_activation_bytes=act, logits_error=err)
+                           plan_activation_bytes=act, logits_error=err, clocks=windows,
+                           verify_sm_mhz=_mhz(windows["verify"]),
+                           verify_power_capped=windows["verify"].get("power_capped"))
                 row.update(summarize(t, cfg, full, proj(cfg, dcfg, n), proj(full, dfull, n),
                                      proj(full, dfull, o.plan_devices)))
                 result["points"].append(row)
@@ -573,8 +592,9 @@ def run(o: Options) -> dict:
         else:
             result["logits_check"] = f"none: the 1-way run does not fit one {o.plan_device}"
         print(f"check: {result['logits_check']}", flush=True)
-    for n in o.devices:
-        _measure_mesh(o, n, cfg, dcfg, full, dfull, work, result, write, out_of_time, reference)
+    with GpuClocks() as clocks:
+        for n in o.devices:
+            _measure_mesh(o, n, cfg, dcfg, full, dfull, work, result, write, out_of_time, reference, clocks)
     result["wall_s"] = time.perf_counter() - t_start
     write()
     f = full.num_hidden_layers

@@ -12,9 +12,25 @@ from experiments import k2_step_bench as kb
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_run_tiny_one_device(tmp_path):
+class _FakeClocks:
+    """bench_util.GpuClocks as on a power-capped GPU: every window the same samples."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def window(self, t0, t1):
+        assert t0 <= t1
+        return dict(samples=3, sm_mhz=1755.4, sm_mhz_min=1530.0, power_w_max=699.0, power_capped=1.0)
+
+
+def test_run_tiny_one_device(tmp_path, monkeypatch, capsys):
     """One point with every stage and part timed; the split adds up to the verify, the projection
-    and the memory plans are there, the JSON is written."""
+    and the memory plans are there, the JSON is written; each timing's SM clock window is kept
+    (a fake nvidia-smi here) and the verify's is in the table."""
+    monkeypatch.setattr(kb, "GpuClocks", _FakeClocks)
     out = tmp_path / "k2.json"
     result = kb.run(kb.Options(preset="tiny", layers=2, devices=(1,), budgets=(2,), streams=(1,), context=8,
                                reps=1, inner=1, out=str(out)))
@@ -32,6 +48,10 @@ def test_run_tiny_one_device(tmp_path):
     assert row["proj_verify_ms"] > 0 and row["full_projected_ms"] > row["proj_verify_ms"]
     assert len(result["memory"]["full_plans"]) == 10 and result["memory"]["full_smallest_fit"]["fits"]
     assert result["compile_s"]["1"]["programs"] == 9 and not result["skipped"]
+    assert set(row["clocks"]) == {"tree", "verify", "accept", "attention", "moe", "dense", "head"}
+    assert row["verify_sm_mhz"] == 1755 and row["verify_power_capped"] == 1.0
+    header, _, line = capsys.readouterr().out.strip().splitlines()[-3:]
+    assert header.endswith("| SM MHz (verify) |") and line.endswith("| 1755 |"), (header, line)
 
 
 def test_plan_only_needs_no_devices():
