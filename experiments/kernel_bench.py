@@ -18,8 +18,9 @@ The kernels follow the SM clock, which an H200 lowers under its 700 W cap after 
 (BENCHMARKS.md, issue 4, session 45): the wall clock runs after --warm_s of calls (sustained), the
 trace's 16 calls come after a pause (a burst), and every row records both windows' SM clock.
 --load_s=3 (with --trace) adds a second table from one long trace per row: device time per call in
-the first 100 ms (burst) and after 1 s (sustained), each with its clock, headed by the copy
-ceiling measured the same way (bench_util.sustained_copy):
+the first 100 ms (burst) and after 1 s (sustained), each with its clock and % of copy, headed by
+the copy ceiling measured the same way (bench_util.sustained_copy), whose regimes give a last
+column: each regime's % of that copy in the same regime:
   python3 experiments/kernel_bench.py --op=moe --sweep=false --trace --load_s=3 \
       --impls=triton,pallas_triton --tokens=1,4,16,64,256,520,1040,2048 --out_dir=$OUT
 
@@ -369,6 +370,10 @@ def _bench_moe(clocks) -> dict:
         for regime in ("burst", "sustained"):
             if row.get("load", {}).get(f"{regime}_us"):
                 row[f"{regime}_pct_copy"] = 100 * row["bytes"] / (row["load"][f"{regime}_us"] * 1e-6) / bw
+                # against the copy timed the same way, in the same regime (sustained_copy)
+                if (load_bw := ceil.get("copy_load", {}).get(f"{regime}_tbps")):
+                    row[f"{regime}_pct_copy_load"] = 100 * row["bytes"] / (row["load"][f"{regime}_us"] * 1e-6) / (
+                        load_bw * 1e12)
     return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0]),
             "scale_dtype": FLAGS.scale_dtype}
 
@@ -418,13 +423,17 @@ def _mhz(row: dict) -> str:
 
 def _regimes_table(res: dict) -> str:
     """Markdown: per row with a load profile (--load_s), device us per call (% of copy, SM MHz) in a
-    burst and under sustained load."""
+    burst and under sustained load, and each regime's % of the copy under the same load."""
     def cell(r, regime):
         us = r["load"].get(f"{regime}_us")
         if us is None:
             return "-"
         mhz = r["load"].get(f"{regime}_clocks", {}).get("sm_mhz")
         return f"{us:.1f} ({r[f'{regime}_pct_copy']:.1f}, {'-' if mhz is None else f'{mhz:.0f}'})"
+
+    def same_load(r):
+        got = [r.get(f"{regime}_pct_copy_load") for regime in ("burst", "sustained")]
+        return " / ".join("-" if v is None else f"{v:.1f}" for v in got)
     lines = []
     if cl := res.get("ceilings", {}).get("copy_load"):
         def mhz(regime):
@@ -433,12 +442,14 @@ def _regimes_table(res: dict) -> str:
         lines += [f"copy under the same load: burst {cl['burst_tbps']:.3f} TB/s (SM {mhz('burst')} MHz), "
                   f"sustained {cl['sustained_tbps']:.3f} TB/s (SM {mhz('sustained')} MHz); "
                   f"% copy below is of {res['ceilings']['copy_tbps']:.3f} TB/s (measure_ceilings)", ""]
-    lines += ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | sustained us (% copy, SM MHz) |",
-              "|---:|---|---:|---:|---:|---|---|"]
+    lines += ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | sustained us (% copy, SM MHz) "
+              "| % of the copy under the same load, burst / sustained |",
+              "|---:|---|---:|---:|---:|---|---|---|"]
     for r in res["rows"]:
         if "load" in r:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
-                         f"{r['floor_s'] * 1e6:.0f} | {cell(r, 'burst')} | {cell(r, 'sustained')} |")
+                         f"{r['floor_s'] * 1e6:.0f} | {cell(r, 'burst')} | {cell(r, 'sustained')} | "
+                         f"{same_load(r)} |")
     return "\n".join(lines)
 
 

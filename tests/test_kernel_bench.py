@@ -68,12 +68,14 @@ row.update(floor_s=645e-6, burst_pct_copy=88.7, sustained_pct_copy=79.4,
            load=dict(burst_us=726.7, sustained_us=812.1, burst_clocks=dict(sm_mhz=1980.0), sustained_clocks={}))
 regimes = _regimes_table({'rows': [row, xla]}).splitlines()
 assert len(regimes) == 3 and len({ln.count('|') for ln in regimes}) == 1, regimes     # rows with a profile only
-assert regimes[2] == '| 16 | triton | 111.0 | 2750 | 645 | 726.7 (88.7, 1980) | 812.1 (79.4, -) |', regimes[2]
+assert regimes[2] == '| 16 | triton | 111.0 | 2750 | 645 | 726.7 (88.7, 1980) | 812.1 (79.4, -) | - / - |', regimes[2]
 ceil = dict(copy_tbps=4.264, copy_load=dict(burst_tbps=4.25, sustained_tbps=4.2, burst_clocks=dict(sm_mhz=1980.0)))
 with_copy = _regimes_table({'rows': [row], 'ceilings': ceil}).splitlines()
 assert with_copy[0] == ('copy under the same load: burst 4.250 TB/s (SM 1980 MHz), sustained 4.200 TB/s '
                         '(SM - MHz); % copy below is of 4.264 TB/s (measure_ceilings)'), with_copy[0]
 assert with_copy[2:] == regimes, with_copy
+row.update(burst_pct_copy_load=89.0, sustained_pct_copy_load=80.6)
+assert _regimes_table({'rows': [row]}).splitlines()[2].endswith('| 812.1 (79.4, -) | 89.0 / 80.6 |')
 print('ok')
 """
 
