@@ -2,8 +2,12 @@
 
 Tolerances (relative Frobenius error vs the float64 golden on the same dequantised weights):
 float32 activations 1e-5 (measured 2-5e-7: xla and the Pallas kernels use the same f32 math);
-bf16 activations 6e-3 (x and the SiLU(gate)*up intermediate are rounded to bf16: measured up to
-3.4e-3 here over fresh seeds, 2.3-3.3e-3 for the compiled kernels on the H200). INT4 experts with
+bf16 activations 8e-3: the dequantised weights, the SiLU(gate)*up intermediate and the output are
+rounded to bf16, and a norm over few outputs spreads: the T = 1 case (one 96-wide row) measured a
+median of 3.45e-3, 99.9th percentile 5.9e-3 and maximum 6.2e-3 over 3000 seeds (xla; pallas_triton
+the same numbers over 300), the float16-scale test's worst of its 9 rows (xla) 4.0e-3 median and
+5.3e-3 maximum over 200; the compiled kernels on the H200 2.3-3.3e-3 at the K2 shape. (At 6e-3, 2
+seeds in 3000 failed the T = 1 case.) INT4 experts with
 float16 scales, where pallas_triton multiplies in float16: F16_TOL per row, 1e-3 with float16
 activations and output, 3e-3 with bf16 ones (the bf16 output's own rounding is ~1.1e-3 rms; the
 compiled kernels on the H200 measured 1.7e-3 at the K2 shape).
@@ -21,7 +25,7 @@ from pallas_kernels.moe import int4, pallas_triton, tuning
 from pallas_kernels.moe.reference import dequantize_int4_golden, moe_experts_golden
 from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
 
-TOL = {jnp.float32: 1e-5, jnp.bfloat16: 6e-3}
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3}
 F16_TOL = {jnp.float16: 1e-3, jnp.bfloat16: 3e-3}
 
 
