@@ -70,7 +70,8 @@ def test_matches_golden_float32(impl, shape):
 @pytest.mark.parametrize("impl", runnable_impls("drafter_qkv") + ["pallas_poison"])
 def test_matches_golden_bfloat16(impl, shape):
     """bf16 operands, float32 accumulation, intermediates rounded to bf16 where the module rounds:
-    relative error within 6e-3 of the float64 golden (measured 2.3-3.4e-3 over five seeds). A
+    relative error within 6e-3 of the float64 golden (the 1x5x8x2x1x16 shape's worst of q, k, v
+    over 2000 seeds: median 3.3e-3, maximum 4.6e-3 (xla; pallas_triton the same over 150)). A
     hidden width of 8 takes pallas_compat.dot_f32's K < 16 path."""
     rng = fresh_rng()
     args = list(_inputs(rng, *shape))
