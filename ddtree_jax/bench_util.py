@@ -54,14 +54,19 @@ class GpuClocks:
     the background, as a context manager; `window(t0, t1)` summarises the samples taken between
     host times t0 and t1 (time.time()). A memory-bound kernel whose time follows the SM clock is
     bound inside the SMs; the H200 lowers that clock under its power cap (reason bit 0x4) after
-    ~0.5 s of sustained load, so these say which regime a figure was measured in. Without
-    nvidia-smi (a CPU machine) it samples nothing and every window is {}."""
+    ~0.5 s of sustained load, so these say which regime a figure was measured in. gpus: the
+    indices whose samples the windows summarise (a sharded run passes every GPU it uses; nvidia-smi
+    samples all of the machine's). Without nvidia-smi (a CPU machine) it samples nothing and every
+    window is {}."""
 
-    FIELDS = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
+    FIELDS = "timestamp,index,clocks.sm,power.draw,clocks_throttle_reasons.active"
 
-    def __init__(self, interval_ms: int = 50, gpu: int = 0):
+    def __init__(self, interval_ms: int = 50, gpus: Sequence[int] = (0,)):
+        if not gpus:
+            raise ValueError("GpuClocks(gpus=): needs at least one GPU index")
         self.cmd = ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
-                    f"-lms={interval_ms}", f"--id={gpu}"]
+                    f"-lms={interval_ms}"]
+        self.gpus = tuple(gpus)
         self.proc, self.log = None, None
 
     def __enter__(self) -> "GpuClocks":
@@ -79,33 +84,39 @@ class GpuClocks:
             self.log.close()
             self.proc = self.log = None
 
-    def window(self, t0: float, t1: float) -> dict:
-        """{samples, sm_mhz (median), sm_mhz_min, power_w_max, power_capped (fraction of samples
-        with the SW power cap reason)} of the samples in [t0, t1]; {} when there are none."""
+    def window(self, t0: float, t1: float, gpus: Sequence[int] | None = None) -> dict:
+        """`clock_window` over [t0, t1] (host time.time()) of `gpus` (default: this sampler's)."""
         if not self.log:
             return {}
         self.log.flush()
         self.log.seek(0)
-        return clock_window(self.log.read(), t0, t1)
+        return clock_window(self.log.read(), t0, t1, self.gpus if gpus is None else tuple(gpus))
 
 
-def clock_window(csv_text: str, t0: float, t1: float) -> dict:
-    """GpuClocks.window over nvidia-smi's `timestamp, clocks.sm, power.draw, reasons` lines."""
+def clock_window(csv_text: str, t0: float, t1: float, gpus: Sequence[int] = (0,)) -> dict:
+    """nvidia-smi's `timestamp, index, clocks.sm, power.draw, reasons` lines -> over the samples of
+    GPUs `gpus` in [t0, t1]: {samples, sm_mhz (median), sm_mhz_min, power_w_max, power_capped
+    (fraction of samples with the SW power cap reason, bit 0x4)}, with more than one GPU also
+    gpu_sm_mhz {index: median}; {} when there are none."""
     import datetime
     rows = []
     for line in csv_text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         try:
             ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            rows.append((ts, float(parts[1]), float(parts[2]), int(parts[3], 16)))
+            rows.append((ts, int(parts[1]), float(parts[2]), float(parts[3]), int(parts[4], 16)))
         except (ValueError, IndexError):
             continue                      # a header, or a field this driver reports as N/A
-    sel = [r for r in rows if t0 <= r[0] <= t1]
+    sel = [r for r in rows if t0 <= r[0] <= t1 and r[1] in gpus]
     if not sel:
         return {}
-    return dict(samples=len(sel), sm_mhz=float(np.median([r[1] for r in sel])),
-                sm_mhz_min=min(r[1] for r in sel), power_w_max=max(r[2] for r in sel),
-                power_capped=sum(bool(r[3] & 0x4) for r in sel) / len(sel))
+    out = dict(samples=len(sel), sm_mhz=float(np.median([r[2] for r in sel])),
+               sm_mhz_min=min(r[2] for r in sel), power_w_max=max(r[3] for r in sel),
+               power_capped=sum(bool(r[4] & 0x4) for r in sel) / len(sel))
+    if len(gpus) > 1:
+        out["gpu_sm_mhz"] = {g: float(np.median([r[2] for r in sel if r[1] == g]))
+                             for g in gpus if any(r[1] == g for r in sel)}
+    return out
 
 
 LENGTHS = ("uniform", "spread")   # stream_contexts' kinds

@@ -38,9 +38,10 @@ n-way verify then runs on that tree, and its logits must match within ddtree_jax
 Timing: median over --reps rounds of --inner back-to-back calls synchronised once per round (the
 host's dispatch overlaps the device's work), after one untimed call; compiles are ahead of time
 (lower + compile) and timed separately. Verified tokens/s = S (B+1) / verify time. Each timing
-also keeps GPU 0's SM clock and power-cap state over it (bench_util.GpuClocks, nvidia-smi; the
-point's "clocks", the table's verify column): the H200 lowers its SM clock under its 700 W cap
-after about 1 s of heavy load, and SM-bound work slows with it (BENCHMARKS.md, issue 4, session 45).
+also keeps the SM clock and power-cap state of the mesh's GPUs over it (bench_util.GpuClocks,
+nvidia-smi: their samples pooled, with each GPU's median; the point's "clocks", the table's verify
+column): the H200 lowers its SM clock under its 700 W cap after about 1 s of heavy load, and
+SM-bound work slows with it (BENCHMARKS.md, issue 4, session 45).
 
 Projection: ddtree_jax.roofline.step_time for the same layer count, n GPUs and context (--gpu,
 --calibration); its verify = attention + MoE + rest + comm + head. It models the "tensor" layout
@@ -274,15 +275,17 @@ def measure_point(progs: _Programs, tparams, dparams, state, draft_logits, cfg, 
     """Seconds per stage and per part at (budget, streams); -> (row of seconds, the latest state).
     ref: the 1-way run's (tree, verify logits) here (`reference_outputs`): the verify then runs on
     that tree, and its logits must match before anything after the tree is timed (the row's
-    "logits_error" is their relative error). The row's "clocks": per timed stage or part, GPU 0's
-    SM clock and power-cap state over its timing (`GpuClocks.window`; {} without nvidia-smi)."""
+    "logits_error" is their relative error). The row's "clocks": per timed stage or part, the SM
+    clock and power-cap state of the mesh's GPUs over its timing (`GpuClocks.window`; {} without
+    nvidia-smi)."""
     plan = engine.Plan(cfg, dcfg, "ddtree", budget, Sampling(), ())
     row, windows = {}, {}
+    gpus = sorted(d.id for d in jax.tree.leaves(tparams)[0].sharding.device_set)   # this mesh's
 
     def time_of(name, fn, *args):     # row[name] = median seconds of fn(*args), its clock window kept
         t0 = time.time()
         row[name] = median_seconds(fn, *args, reps=reps, inner=inner)
-        windows[name] = clocks.window(t0, time.time()) if clocks else {}
+        windows[name] = clocks.window(t0, time.time(), gpus) if clocks else {}
 
     tree_c = progs.compile("tree", _tree, draft_logits, plan=plan)
     time_of("tree", tree_c, draft_logits)
@@ -592,7 +595,7 @@ def run(o: Options) -> dict:
         else:
             result["logits_check"] = f"none: the 1-way run does not fit one {o.plan_device}"
         print(f"check: {result['logits_check']}", flush=True)
-    with GpuClocks() as clocks:
+    with GpuClocks() as clocks:     # nvidia-smi samples every GPU; each mesh's windows read its own
         for n in o.devices:
             _measure_mesh(o, n, cfg, dcfg, full, dfull, work, result, write, out_of_time, reference, clocks)
     result["wall_s"] = time.perf_counter() - t_start

@@ -174,21 +174,29 @@ def test_sustain_calls_back_to_back_for_the_time_given():
 
 
 def test_clock_window_summarises_the_samples_in_the_window():
+    """GPU 0's samples by default; with gpus=(0, 1) both GPUs' pooled, plus each one's median."""
     import datetime
     base = datetime.datetime(2026, 12, 3, 14, 54, 33)
     ts = lambda ms: (base + datetime.timedelta(milliseconds=ms)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]  # noqa: E731
     text = "\n".join([
-        "timestamp, clocks.sm [MHz], power.draw [W], clocks_throttle_reasons.active",   # a header
-        f"{ts(0)}, 1980, 125.10, 0x0000000000000000",
-        f"{ts(50)}, 1500, 699.48, 0x0000000000000004",
-        f"{ts(100)}, 1700, 690.00, 0x0000000000000004",
-        f"{ts(150)}, 1980, 430.00, 0x0000000000000000",
-        f"{ts(200)}, [N/A], 430.00, 0x0000000000000000",                       # unreadable: skipped
-        f"{ts(250)}, 345, 80.00, 0x0000000000000001"])
+        "timestamp, index, clocks.sm [MHz], power.draw [W], clocks_throttle_reasons.active",   # a header
+        f"{ts(0)}, 0, 1980, 125.10, 0x0000000000000000",
+        f"{ts(0)}, 1, 1980, 120.00, 0x0000000000000000",
+        f"{ts(50)}, 0, 1500, 699.48, 0x0000000000000004",
+        f"{ts(50)}, 1, 1800, 650.00, 0x0000000000000000",
+        f"{ts(100)}, 0, 1700, 690.00, 0x0000000000000004",
+        f"{ts(100)}, 1, 1600, 701.00, 0x0000000000000004",
+        f"{ts(150)}, 0, 1980, 430.00, 0x0000000000000000",
+        f"{ts(200)}, 0, [N/A], 430.00, 0x0000000000000000",                       # unreadable: skipped
+        f"{ts(250)}, 0, 345, 80.00, 0x0000000000000001"])
     t = base.timestamp()
     got = bench_util.clock_window(text, t + 0.04, t + 0.21)
     assert got == dict(samples=3, sm_mhz=1700.0, sm_mhz_min=1500.0, power_w_max=699.48,
                        power_capped=pytest.approx(2 / 3))
+    both = bench_util.clock_window(text, t + 0.04, t + 0.21, gpus=(0, 1))
+    assert both == dict(samples=5, sm_mhz=1700.0, sm_mhz_min=1500.0, power_w_max=701.0,
+                        power_capped=pytest.approx(3 / 5), gpu_sm_mhz={0: 1700.0, 1: 1700.0})
+    assert bench_util.clock_window(text, t + 0.12, t + 0.21, gpus=(0, 1))["gpu_sm_mhz"] == {0: 1980.0}
     assert bench_util.clock_window(text, t + 1.0, t + 2.0) == {}
 
 
@@ -197,6 +205,8 @@ def test_gpu_clocks_without_nvidia_smi_samples_nothing(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with bench_util.GpuClocks() as clocks:
         assert clocks.window(0.0, time.time()) == {}
+    with pytest.raises(ValueError, match="gpus"):
+        bench_util.GpuClocks(gpus=())
 
 
 def test_load_profile_splits_calls_into_burst_and_sustained(monkeypatch):

@@ -21,8 +21,8 @@ class _FakeClocks:
     def __exit__(self, *exc):
         pass
 
-    def window(self, t0, t1):
-        assert t0 <= t1
+    def window(self, t0, t1, gpus=None):
+        assert t0 <= t1 and list(gpus) == [0], gpus      # the 1-device mesh's GPU
         return dict(samples=3, sm_mhz=1755.4, sm_mhz_min=1530.0, power_w_max=699.0, power_capped=1.0)
 
 
