@@ -64,6 +64,9 @@ flags.DEFINE_float("load_s", 0.0, "if > 0 (GPU): also each implementation's devi
                    "calls after --idle_s idle (bench_util.load_profile; the H200 reaches its power cap "
                    "after ~1 s), tabled with the SM clock of each regime")
 flags.DEFINE_float("idle_s", 2.0, "with --load_s: idle seconds before each load")
+flags.register_validator("load_s", lambda v: v == 0 or v > 1.0,
+                         message="--load_s must be 0 (off) or more than 1: the sustained window starts 1 s "
+                                 "into the load (bench_util.load_profile's settled_s)")
 flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each implementation's "
                    "timing, so the GPU's clocks have settled (bench_util.sustain)")
 flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "
@@ -439,8 +442,12 @@ def _regimes_table(res: dict) -> str:
         def mhz(regime):
             v = cl.get(f"{regime}_clocks", {}).get("sm_mhz")
             return "-" if v is None else f"{v:.0f}"
-        lines += [f"copy under the same load: burst {cl['burst_tbps']:.3f} TB/s (SM {mhz('burst')} MHz), "
-                  f"sustained {cl['sustained_tbps']:.3f} TB/s (SM {mhz('sustained')} MHz); "
+
+        def tbps(regime):
+            v = cl.get(f"{regime}_tbps")
+            return "-" if v is None else f"{v:.3f}"
+        lines += [f"copy under the same load: burst {tbps('burst')} TB/s (SM {mhz('burst')} MHz), "
+                  f"sustained {tbps('sustained')} TB/s (SM {mhz('sustained')} MHz); "
                   f"% copy below is of {res['ceilings']['copy_tbps']:.3f} TB/s (measure_ceilings)", ""]
     lines += ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | sustained us (% copy, SM MHz) "
               "| % of the copy under the same load, burst / sustained |",

@@ -44,6 +44,15 @@ def test_parse_variants():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
+def test_load_s_below_the_sustained_window_is_refused():
+    """--load_s of 1 s or less would leave the sustained window empty: refused at flag parsing,
+    naming the flag, before any device work."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments/kernel_bench.py"), "--load_s=0.5"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "--load_s must be 0 (off) or more than 1" in out.stderr, out.stderr[-2000:]
+
+
 SPLIT_CHECK = """
 from experiments.kernel_bench import kernel_split, _regimes_table, _table
 top = [{'name': 'gate_up', 'us': 500.0}, {'name': 'down', 'us': 250.0}, {'name': 'loop_reduce_fusion', 'us': 3.0}]
@@ -76,6 +85,8 @@ assert with_copy[0] == ('copy under the same load: burst 4.250 TB/s (SM 1980 MHz
 assert with_copy[2:] == regimes, with_copy
 row.update(burst_pct_copy_load=89.0, sustained_pct_copy_load=80.6)
 assert _regimes_table({'rows': [row]}).splitlines()[2].endswith('| 812.1 (79.4, -) | 89.0 / 80.6 |')
+ceil['copy_load'].update(sustained_tbps=None)                   # no copy in a regime: '-', not a crash
+assert 'sustained - TB/s' in _regimes_table({'rows': [row], 'ceilings': ceil}).splitlines()[0]
 print('ok')
 """
 
