@@ -54,10 +54,10 @@ class GpuClocks:
     the background, as a context manager; `window(t0, t1)` summarises the samples taken between
     host times t0 and t1 (time.time()). A memory-bound kernel whose time follows the SM clock is
     bound inside the SMs; the H200 lowers that clock under its power cap (reason bit 0x4) after
-    ~0.5 s of sustained load, so these say which regime a figure was measured in. gpus: the
-    indices whose samples the windows summarise (a sharded run passes every GPU it uses; nvidia-smi
-    samples all of the machine's). Without nvidia-smi (a CPU machine) it samples nothing and every
-    window is {}."""
+    ~0.5 s of sustained load, so these say which regime a figure was measured in. nvidia-smi
+    samples every GPU of the machine; gpus: the indices a window summarises unless it names others
+    (a sharded run reads its mesh's GPUs). Without nvidia-smi (a CPU machine) it samples nothing
+    and every window is {}."""
 
     FIELDS = "timestamp,index,clocks.sm,power.draw,clocks_throttle_reasons.active"
 
