@@ -113,3 +113,18 @@ def test_dot_f32_is_exact_for_small_k(k, contract_b):
     want = np.asarray(a, np.float64) @ (b64.T if contract_b else b64)
     assert got.dtype == jnp.float32 and got.shape == (32, 64)
     assert_close(got, want, 1e-6, f"K={k}")
+
+
+def test_assert_close_logs_error_over_tolerance(monkeypatch, tmp_path):
+    """DDTREE_TOL_LOG: each check appends (test, what, error, tol, error / tol); a failing check
+    is logged and still fails."""
+    log = tmp_path / "tol.tsv"
+    monkeypatch.setenv("DDTREE_TOL_LOG", str(log))
+    ref = np.array([3.0, 4.0])
+    assert_close(ref + np.array([0.0, 0.01]), ref, 1e-2, "small")        # error 2e-3
+    with pytest.raises(AssertionError, match="big: relative error 2.000e-01"):
+        assert_close(ref + np.array([0.0, 1.0]), ref, 1e-2, "big")
+    rows = [line.split("\t") for line in log.read_text().splitlines()]
+    assert [r[1:] for r in rows] == [["small", "2.000e-03", "1.0e-02", "0.200"],
+                                     ["big", "2.000e-01", "1.0e-02", "20.000"]]
+    assert rows[0][0].startswith("tests/test_registry.py::test_assert_close_logs_error_over_tolerance")
