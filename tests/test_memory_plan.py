@@ -18,6 +18,24 @@ TINY = dj.ModelConfig.preset("tiny", quant=dj.QuantConfig("int4", 32))
 K2 = dj.ModelConfig.preset("kimi_k2_6")
 
 
+@pytest.mark.parametrize("cfg", [TINY, mp.truncate(K2, 5), dj.ModelConfig.preset("tiny").replace(
+    num_hidden_layers=7, first_k_dense_replace=2, moe_layer_freq=2)], ids=["tiny", "k2.6-5-layers", "freq-2"])
+def test_target_shapes_equal_tracing_every_layer(cfg):
+    """target_shapes traces one layer of each kind and shares it: the same pytree, shapes and
+    dtypes as eval_shape of init_target over every layer (a model whose MoE layers alternate with
+    dense ones after two dense layers too)."""
+    import functools
+
+    import jax.numpy as jnp
+
+    from ddtree_jax import model as tgt
+    want = jax.eval_shape(functools.partial(tgt.init_target, cfg, dtype=jnp.bfloat16), jax.random.key(0))
+    got = mp.target_shapes(cfg, "bfloat16")
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert jax.tree.leaves(got) == jax.tree.leaves(want)
+    assert len([k for k in got if k.startswith("layers_")]) == cfg.num_hidden_layers
+
+
 def test_tiny_plan_by_hand():
     """tiny with INT4 experts on mesh (data 1, expert 2, tensor 2), S 2, context 10, budget 4, bf16."""
     dcfg = dj.DrafterConfig.for_target(TINY)      # 1 layer, 4 heads, 1 KV head of 16, I 192, 1 tap
