@@ -398,16 +398,14 @@ def regimes(calls: Sequence[tuple[float, float]], h0: float, h1: float, *, burst
     return out
 
 
-def sustained_copy(*, nbytes: int = 2**30, load_s: float = 3.0, idle_s: float = 2.0, burst_ms: float = 100.0,
-                   settled_s: float = 1.0, clocks: "GpuClocks | None" = None) -> dict:
-    """The copy ceiling in load_profile's two regimes (needs torch on a CUDA GPU): after idle_s,
-    torch `copy_` of nbytes back to back for load_s seconds, each copy timed by CUDA events ->
-    `regimes` of the per-copy us plus burst_tbps / sustained_tbps (bytes read + written): whether
-    the ceiling, measured in ~0.35 s by measure_ceilings, also moves under a sustained load."""
+def sustained_torch(op: Callable[[], object], *, load_s: float = 3.0, idle_s: float = 2.0,
+                    burst_ms: float = 100.0, settled_s: float = 1.0, clocks: "GpuClocks | None" = None) -> dict:
+    """op() (a torch CUDA operation, called once untimed first) in load_profile's two regimes: after
+    idle_s, op back to back for load_s seconds, each call timed by its own pair of CUDA events ->
+    `regimes` of the per-call us (starts from the first call's), plus calls. The ceilings'
+    counterpart of load_profile: whether a ceiling measured in ~0.35 s moves under sustained load."""
     import torch
-    src = torch.empty(nbytes, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
+    op()
     torch.cuda.synchronize()
     time.sleep(idle_s)
     events, h0 = [], time.time()
@@ -415,19 +413,47 @@ def sustained_copy(*, nbytes: int = 2**30, load_s: float = 3.0, idle_s: float = 
         for _ in range(8):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            dst.copy_(src)
+            op()
             b.record()
             events.append((a, b))
         events[-1][1].synchronize()
     h1 = time.time()
     first = events[0][0]
     calls = [(first.elapsed_time(a) * 1e3, a.elapsed_time(b) * 1e3) for a, b in events]
-    del src, dst
-    torch.cuda.empty_cache()
-    out = regimes(calls, h0, h1, burst_ms=burst_ms, settled_s=settled_s, clocks=clocks)
+    return dict(regimes(calls, h0, h1, burst_ms=burst_ms, settled_s=settled_s, clocks=clocks), calls=len(calls))
+
+
+def _rates(profile: dict, work: float, unit: str) -> dict:
+    """profile (sustained_torch's) with {burst,sustained}_{unit}: work / us (None where no call)."""
     for name in ("burst", "sustained"):
-        out[f"{name}_tbps"] = 2 * nbytes / (out[f"{name}_us"] * 1e-6) / 1e12 if out[f"{name}_us"] else None
-    return dict(out, copies=len(calls))
+        us = profile[f"{name}_us"]
+        profile[f"{name}_{unit}"] = work / (us * 1e-6) if us else None
+    return profile
+
+
+def sustained_copy(*, nbytes: int = 2**30, **load) -> dict:
+    """The copy ceiling in both regimes (`sustained_torch` of torch `copy_` of nbytes; needs torch
+    on a CUDA GPU): burst_tbps / sustained_tbps count the bytes read + written."""
+    import torch
+    src = torch.empty(nbytes, device="cuda", dtype=torch.uint8)
+    bufs = [src, torch.empty_like(src)]                  # dropped before empty_cache
+    del src
+    out = _rates(sustained_torch(lambda: bufs[1].copy_(bufs[0]), **load), 2 * nbytes / 1e12, "tbps")
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return out
+
+
+def sustained_matmul(*, n: int = 8192, **load) -> dict:
+    """The bf16 matmul ceiling in both regimes (`sustained_torch` of an n^3 torch product; needs
+    torch on a CUDA GPU): burst_tflops / sustained_tflops. It follows the SM clock, as compute-bound
+    kernels do, so a compute-bound figure under load is read against this one."""
+    import torch
+    bufs = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16)]   # dropped before empty_cache
+    out = _rates(sustained_torch(lambda: bufs[0] @ bufs[0], **load), 2 * n**3 / 1e12, "tflops")
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return out
 
 
 def measure_ceilings(clocks: "GpuClocks | None" = None) -> dict:
@@ -435,8 +461,8 @@ def measure_ceilings(clocks: "GpuClocks | None" = None) -> dict:
     `copy_` of 2 GiB, bytes read + written; an XLA elementwise op reaches less), and the bf16
     matmul rate of an 8192^3 product through XLA and through torch (matmul_tflops_xla, _torch).
     clocks: also each measurement's GpuClocks window (copy_clocks, matmul_xla_clocks,
-    matmul_torch_clocks): the matmul rates follow the SM clock (`sustained_copy`: the copy under
-    a sustained load)."""
+    matmul_torch_clocks): the matmul rates follow the SM clock (`sustained_copy`,
+    `sustained_matmul`: both under a sustained load)."""
     import jax.numpy as jnp
     import torch
     import triton

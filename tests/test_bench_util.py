@@ -264,14 +264,10 @@ def test_regimes_takes_medians_of_the_first_and_the_settled_calls():
     assert none["burst_us"] == 10.0 and none["sustained_us"] is None and none["sustained_calls"] == 0
 
 
-def test_sustained_copy_times_each_copy_by_its_events(monkeypatch):
-    """sustained_copy with a fake torch whose copies take 100 us for the first 5 ms of GPU time and
-    250 us after: each copy's us from its own event pair, starts from the first event, TB/s of the
-    bytes read + written; the buffers are released."""
-    import sys
+def _fake_torch(clock: dict):
+    """A torch stand-in whose CUDA ops each advance a GPU clock: 100 us while it reads under 5 ms,
+    250 us after (a "power cap"); events read that clock."""
     import types
-
-    clock = {"gpu_us": 0.0, "copies": 0, "freed": 0}
 
     class Event:
         def __init__(self, enable_timing=False):
@@ -287,22 +283,45 @@ def test_sustained_copy_times_each_copy_by_its_events(monkeypatch):
         def elapsed_time(self, end):             # milliseconds, as torch's
             return (end.t - self.t) / 1e3
 
+    def run():
+        clock["ops"] += 1
+        clock["gpu_us"] += 100.0 if clock["gpu_us"] < 5e3 else 250.0
+
     class Buffer:
         def __init__(self, n):
             self.n = n
 
         def copy_(self, src):
             assert src.n == self.n
-            clock["copies"] += 1
-            clock["gpu_us"] += 100.0 if clock["gpu_us"] < 5e3 else 250.0
+            run()
+
+        def __matmul__(self, other):
+            assert other.n == self.n
+            run()
 
     cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: None,
                                  empty_cache=lambda: clock.__setitem__("freed", clock["freed"] + 1))
-    fake = types.SimpleNamespace(cuda=cuda, uint8="uint8", empty=lambda n, device, dtype: Buffer(n),
-                                 empty_like=lambda b: Buffer(b.n))
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    got = bench_util.sustained_copy(nbytes=2**20, load_s=0.05, idle_s=0.0, burst_ms=4.0, settled_s=0.01)
-    assert got["copies"] == clock["copies"] - 1 and got["copies"] % 8 == 0 and clock["freed"] == 1
-    assert got["burst_us"] == 100.0 and got["burst_calls"] == 40                # starts 0, 100, ..., 3900 us
-    assert got["sustained_us"] == 250.0 and got["sustained_calls"] == got["copies"] - 70   # from 10 ms: 50 + 20
-    assert got["burst_tbps"] == 2 * 2**20 / 100e-6 / 1e12 and got["sustained_tbps"] == 2 * 2**20 / 250e-6 / 1e12
+    return types.SimpleNamespace(cuda=cuda, uint8="uint8", bfloat16="bfloat16",
+                                 empty=lambda n, device, dtype: Buffer(n), empty_like=lambda b: Buffer(b.n),
+                                 randn=lambda n, m, device, dtype: Buffer((n, m)))
+
+
+@pytest.mark.parametrize("ceiling", ["copy", "matmul"])
+def test_sustained_ceilings_time_each_call_by_its_events(monkeypatch, ceiling):
+    """sustained_copy / sustained_matmul on a fake torch (100 us per op for the first 5 ms of GPU
+    time, 250 us after): each call's us from its own event pair, starts from the first event, the
+    rate of each regime (bytes read + written, or 2 n^3 FLOPs), the buffers released."""
+    import sys
+    clock = {"gpu_us": 0.0, "ops": 0, "freed": 0}
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(clock))
+    load = dict(load_s=0.05, idle_s=0.0, burst_ms=4.0, settled_s=0.01)
+    if ceiling == "copy":
+        got, unit, work = bench_util.sustained_copy(nbytes=2**20, **load), "tbps", 2 * 2**20
+    else:
+        got, unit, work = bench_util.sustained_matmul(n=64, **load), "tflops", 2 * 64**3
+    assert got["calls"] == clock["ops"] - 1 and got["calls"] % 8 == 0 and clock["freed"] == 1
+    # one untimed op first: timed ops start at 100 us, 49 of them take 100 us (starts 0 .. 4800
+    # after the first), the rest 250 us from 5 ms; 10 ms in is the 21st of those
+    assert got["burst_us"] == 100.0 and got["burst_calls"] == 40
+    assert got["sustained_us"] == 250.0 and got["sustained_calls"] == got["calls"] - 70
+    assert got[f"burst_{unit}"] == work / 100e-6 / 1e12 and got[f"sustained_{unit}"] == work / 250e-6 / 1e12
