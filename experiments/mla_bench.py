@@ -22,6 +22,13 @@ config's time per shape, the fastest, and its speedup over the first config (the
       --mosaic_splits=16,64    # device time per call and its kernels; mosaic_gpu at other run counts
   python3 experiments/mla_bench.py --ctx=16384 --q=1,16 --streams=8,16 --impls=mosaic_gpu,xla --trace \
       --lengths=uniform,spread --mosaic_balance   # ragged contexts (same total) against uniform ones
+  python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16,64,256 --streams=16,8,1 \
+      --impls=mosaic_gpu,xla --trace --load_s=3   # both power regimes (the H200 caps at 700 W)
+
+With --load_s each row also gets its device time per call in a burst (the first 100 ms of a load)
+and under sustained load (from 1 s on), against floors from the copy and bf16 matmul ceilings
+timed under the same load (BENCHMARKS.md, issue 4, session 45: the SM clock drops under the cap,
+and compute-bound shapes and the matmul ceiling follow it): a second table.
 """
 
 from __future__ import annotations
@@ -82,6 +89,14 @@ flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wall clock "
                    "(bench_util.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
                    "steady state (each row records its SM clock either way)")
+flags.DEFINE_float("load_s", 0.0, "if > 1 (GPU): also each row's device time per call in a burst (the first "
+                   "100 ms) and under sustained load (from 1 s on), from one trace of this many seconds of "
+                   "back-to-back calls after --idle_s idle (bench_util.load_profile), each against a floor "
+                   "from the copy and bf16 matmul ceilings timed the same way (sustained_copy, _matmul)")
+flags.DEFINE_float("idle_s", 2.0, "with --load_s: idle seconds before each load")
+flags.register_validator("load_s", lambda v: v == 0 or v > 1.0,
+                         message="--load_s must be 0 (off) or more than 1: the sustained window starts 1 s "
+                                 "into the load (bench_util.load_profile's settled_s)")
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3
 
@@ -262,7 +277,8 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
                   in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), mosaic_balance=False,
-                  lengths=("uniform",), warm_s=0.0, clocks=None, max_sets=8, log=print) -> list[dict]:
+                  lengths=("uniform",), warm_s=0.0, clocks=None, max_sets=8, load_s=0.0, idle_s=2.0,
+                  log=print) -> list[dict]:
     """Time every (ctx, Q, S, lengths) shape; returns one dict per (shape, implementation or config).
 
     The cache has aligned_slots(longest context + Q) slots, as engine.setup allocates; each
@@ -280,6 +296,9 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     max_sets: at most this many input sets per shape (fewer where 256 MB of caches holds fewer;
     at least 2), cycled by the timings and called once each inside the in-graph program.
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
+    load_s > 1 (GPU): also each row's `bench_util.load_profile` ("load": burst / sustained device us
+    per call) and {burst,sustained}_floor_ms / _pct_floor, the floor from ceilings' copy_load and
+    matmul_load (sustained_copy / sustained_matmul) in the same regime where given, else the run's.
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
     (mosaic_parts).
     """
@@ -358,6 +377,10 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                                kernels=traced["kernels"], top_kernels=traced["top"])
                     if clocks is not None:
                         row["trace_clocks"] = clocks.window(*traced["host_window"])
+                if load_s > 0 and (lp := bench_util.load_profile(fn, args, load_s=load_s, idle_s=idle_s,
+                                                                 clocks=clocks)):
+                    row["load"] = lp
+                    row.update(regime_floors(lp, flops, nbytes, ceilings))
                 if parts and name == "mosaic_gpu":
                     row.update(mosaic_parts(args, scale, v_dim))
                 elif parts and name.startswith("pallas"):
@@ -371,6 +394,23 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
             log(_fmt(row))
         del args, ref
     return rows
+
+
+def regime_floors(load: dict, flops: float, nbytes: float, ceilings: dict) -> dict:
+    """load_profile's burst_us / sustained_us of a call of `flops` and `nbytes` -> per regime its
+    floor (ms) and % of it, the floor max(bytes / copy, FLOPs / matmul) from ceilings' copy_load
+    (TB/s) and matmul_load (TFLOP/s) of that regime where measured, else copy_tbps and the larger
+    of matmul_tflops_xla / _torch (measure_ceilings)."""
+    out = {}
+    for regime in ("burst", "sustained"):
+        copy = ceilings.get("copy_load", {}).get(f"{regime}_tbps") or ceilings["copy_tbps"]
+        mm = (ceilings.get("matmul_load", {}).get(f"{regime}_tflops")
+              or max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]))
+        floor = max(nbytes / (copy * 1e12), flops / (mm * 1e12))
+        out[f"{regime}_floor_ms"] = floor * 1e3
+        if (us := load.get(f"{regime}_us")):
+            out[f"{regime}_pct_floor"] = 100 * floor / (us * 1e-6)
+    return out
 
 
 def _fmt(r: dict) -> str:
@@ -427,6 +467,43 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def regimes_table(rows: list[dict], ceilings: dict | None = None) -> str:
+    """Markdown: per row with a load profile (load_s), device ms per call in a burst and under
+    sustained load, each with its % of that regime's floor and SM MHz, and the xla path's time over
+    the row's in each regime (where xla has a profile); headed by the load ceilings, if measured."""
+    def cell(r, regime):
+        ms = r["load"].get(f"{regime}_us")
+        if ms is None:
+            return "-"
+        mhz = r["load"].get(f"{regime}_clocks", {}).get("sm_mhz")
+        return (f"{ms / 1e3:.3f} ({r.get(f'{regime}_pct_floor', float('nan')):.1f}, "
+                f"{'-' if mhz is None else f'{mhz:.0f}'})")
+
+    def rate(d, regime, unit):
+        v = (d or {}).get(f"{regime}_{unit}")
+        return "-" if v is None else f"{v:.3g}"
+    lines = []
+    cl = ceilings or {}
+    if "copy_load" in cl or "matmul_load" in cl:
+        lines += [f"ceilings under the same load: copy {rate(cl.get('copy_load'), 'burst', 'tbps')} / "
+                  f"{rate(cl.get('copy_load'), 'sustained', 'tbps')} TB/s, bf16 matmul (torch) "
+                  f"{rate(cl.get('matmul_load'), 'burst', 'tflops')} / "
+                  f"{rate(cl.get('matmul_load'), 'sustained', 'tflops')} TFLOP/s (burst / sustained)", ""]
+    lines += ["| ctx | Q | S | impl | burst ms (% floor, SM MHz) | sustained ms (% floor, SM MHz) "
+              "| xla / this, burst / sustained |", "|---:|---:|---:|---|---|---|---|"]
+    key = lambda r: (r["ctx"], r["q"], r["s"], r.get("lengths", "uniform"))  # noqa: E731
+    for r in sorted((r for r in rows if "load" in r), key=lambda r: key(r) + (r["impl"],)):
+        x = next((o for o in rows if key(o) == key(r) and o["impl"] == "xla" and "load" in o), None)
+        ratio = "-"
+        if x is not None and r["impl"] != "xla":
+            got = [(x["load"].get(f"{g}_us"), r["load"].get(f"{g}_us")) for g in ("burst", "sustained")]
+            ratio = " / ".join(f"{a / b:.2f}x" if a and b else "-" for a, b in got)
+        ctx = f"{r['ctx']}" + (" spread" if r.get("lengths") == "spread" else "")
+        lines.append(f"| {ctx} | {r['q']} | {r['s']} | {r['impl']} | {cell(r, 'burst')} | {cell(r, 'sustained')} "
+                     f"| {ratio} |")
+    return "\n".join(lines)
+
+
 def variants_table(rows: list[dict], names: list[str]) -> str:
     """Markdown: per shape, each pallas config's ms (% of floor), the fastest, its speedup over names[0]."""
     out = ["| ctx | Q | S | " + " | ".join(names) + " | fastest | vs " + names[0] + " |",
@@ -455,6 +532,9 @@ def main(_):
 def _main(clocks):
     configs = {c: None if c == "auto" else pallas_triton.parse_config(c) for c in FLAGS.configs}
     ceilings = bench_util.measure_ceilings(clocks)
+    if FLAGS.load_s > 0:      # both ceilings in the regimes the rows' load profiles report
+        load = dict(load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)
+        ceilings.update(copy_load=bench_util.sustained_copy(**load), matmul_load=bench_util.sustained_matmul(**load))
     print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs, tuple(FLAGS.impls))
     print("golden rel err", json.dumps(golden))
@@ -464,12 +544,15 @@ def _main(clocks):
                          budget_s=FLAGS.budget_s, parts=FLAGS.parts, in_graph=FLAGS.in_graph,
                          trace=FLAGS.trace, mosaic_splits=[int(n) for n in FLAGS.mosaic_splits],
                          mosaic_merges=FLAGS.mosaic_merges, mosaic_balance=FLAGS.mosaic_balance,
-                         lengths=tuple(FLAGS.lengths), warm_s=FLAGS.warm_s, clocks=clocks)
+                         lengths=tuple(FLAGS.lengths), warm_s=FLAGS.warm_s, clocks=clocks,
+                         load_s=FLAGS.load_s, idle_s=FLAGS.idle_s)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,
                        "device": jax.devices()[0].device_kind, "jax": jax.__version__}, f, indent=1)
     print(table(rows))
+    if any("load" in r for r in rows):
+        print(regimes_table(rows, ceilings))
     if len(configs) > 1 and "pallas_triton" in FLAGS.impls:
         print(variants_table(rows, list(configs)))
 
