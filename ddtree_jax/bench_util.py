@@ -398,6 +398,20 @@ def regimes(calls: Sequence[tuple[float, float]], h0: float, h1: float, *, burst
     return out
 
 
+def define_load_flags(what: str) -> None:
+    """A benchmark script's absl flags --load_s and --idle_s (kernel_bench, mla_bench); `what`: what
+    --load_s adds, for its help. --load_s of 1 s or less is refused at flag parsing: load_profile's
+    sustained window starts 1 s into the load (settled_s)."""
+    from absl import flags
+    flags.DEFINE_float("load_s", 0.0, f"if > 1 (GPU): also {what}, from one trace of this many seconds of "
+                       "back-to-back calls after --idle_s idle (load_profile: a burst, the first 100 ms, and "
+                       "sustained load, from 1 s on; the H200 reaches its 700 W cap after ~1 s)")
+    flags.DEFINE_float("idle_s", 2.0, "with --load_s: idle seconds before each load")
+    flags.register_validator("load_s", lambda v: v == 0 or v > 1.0,
+                             message="--load_s must be 0 (off) or more than 1: the sustained window starts "
+                                     "1 s into the load (bench_util.load_profile's settled_s)")
+
+
 def sustained_torch(op: Callable[[], object], *, load_s: float = 3.0, idle_s: float = 2.0,
                     burst_ms: float = 100.0, settled_s: float = 1.0, clocks: "GpuClocks | None" = None) -> dict:
     """op() (a torch CUDA operation, called once untimed first) in load_profile's two regimes: after

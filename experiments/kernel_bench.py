@@ -59,14 +59,9 @@ flags.DEFINE_enum("scale_dtype", "bfloat16", ["bfloat16", "float16"], "the INT4 
                   "(float16: the Pallas kernels multiply in float16, bf16 activations scaled per row)")
 flags.DEFINE_bool("sweep", True, "time the pallas_triton config sweep (else the tuned table only)")
 flags.DEFINE_float("min_time_s", 0.15, "time budget per measurement")
-flags.DEFINE_float("load_s", 0.0, "if > 0 (GPU): also each implementation's device time per call in a "
-                   "burst and under sustained load, from one trace of this many seconds of back-to-back "
-                   "calls after --idle_s idle (bench_util.load_profile; the H200 reaches its power cap "
-                   "after ~1 s), tabled with the SM clock of each regime")
-flags.DEFINE_float("idle_s", 2.0, "with --load_s: idle seconds before each load")
-flags.register_validator("load_s", lambda v: v == 0 or v > 1.0,
-                         message="--load_s must be 0 (off) or more than 1: the sustained window starts 1 s "
-                                 "into the load (bench_util.load_profile's settled_s)")
+bench_util.define_load_flags("each implementation's device time per call in both regimes, with each "
+                             "regime's SM clock and the copy ceiling timed the same way (sustained_copy)")
+flags.adopt_module_key_flags(bench_util)     # --load_s, --idle_s in --helpshort
 flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each implementation's "
                    "timing, so the GPU's clocks have settled (bench_util.sustain)")
 flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "

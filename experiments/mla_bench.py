@@ -89,14 +89,9 @@ flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wall clock "
                    "(bench_util.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
                    "steady state (each row records its SM clock either way)")
-flags.DEFINE_float("load_s", 0.0, "if > 1 (GPU): also each row's device time per call in a burst (the first "
-                   "100 ms) and under sustained load (from 1 s on), from one trace of this many seconds of "
-                   "back-to-back calls after --idle_s idle (bench_util.load_profile), each against a floor "
-                   "from the copy and bf16 matmul ceilings timed the same way (sustained_copy, _matmul)")
-flags.DEFINE_float("idle_s", 2.0, "with --load_s: idle seconds before each load")
-flags.register_validator("load_s", lambda v: v == 0 or v > 1.0,
-                         message="--load_s must be 0 (off) or more than 1: the sustained window starts 1 s "
-                                 "into the load (bench_util.load_profile's settled_s)")
+bench_util.define_load_flags("each row's device time per call in both regimes, each against a floor from "
+                             "the copy and bf16 matmul ceilings timed the same way (sustained_copy, _matmul)")
+flags.adopt_module_key_flags(bench_util)     # --load_s, --idle_s in --helpshort
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3
 

@@ -15,6 +15,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # whose time is compilation; tests/test_sharding.py runs its checks so too).
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
+
+def _run(argv, xla_flags: str = "") -> subprocess.CompletedProcess:
+    """`python argv...` from the repository root with it on PYTHONPATH (XLA_FLAGS extended)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if xla_flags:
+        env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags).strip()
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _check(code: str, xla_flags: str = "") -> subprocess.CompletedProcess:
+    """Run a check script (`python -c code`); it must exit 0 and print 'ok' last."""
+    out = _run(["-c", code], xla_flags)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    return out
+
 CHECK = """
 from experiments.kernel_bench import parse_variants, _variant_cfgs
 from pallas_kernels.moe import tuning
@@ -38,19 +53,14 @@ print('ok')
 
 
 def test_parse_variants():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    _check(CHECK)
 
 
 @pytest.mark.parametrize("script", ["kernel_bench.py", "mla_bench.py"])
 def test_load_s_below_the_sustained_window_is_refused(script):
     """--load_s of 1 s or less would leave the sustained window empty: refused at flag parsing,
     naming the flag, before any device work."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", script), "--load_s=0.5"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = _run([os.path.join(ROOT, "experiments", script), "--load_s=0.5"])
     assert out.returncode != 0 and "--load_s must be 0 (off) or more than 1" in out.stderr, out.stderr[-2000:]
 
 
@@ -82,10 +92,7 @@ print('ok')
 
 def test_mla_bench_regimes_table():
     """mla_bench --load_s's per-regime floors (from the load ceilings where measured) and table."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", MLA_REGIMES_CHECK], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    _check(MLA_REGIMES_CHECK)
 
 
 SPLIT_CHECK = """
@@ -129,10 +136,7 @@ print('ok')
 def test_kernel_split_and_table():
     """kernel_bench's device-time split (GEMM kernels by their own bytes, the rest as glue) and its
     table: every row has every column, an implementation without those kernels leaves them empty."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", SPLIT_CHECK], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    _check(SPLIT_CHECK)
 
 
 MLA_CHECK = """
@@ -169,10 +173,7 @@ def test_mla_bench_runs_on_the_cpu():
     """experiments/mla_bench.py's sweep (interpret mode, given ceilings): golden-checked rows for the
     auto and a two-pass config, each pass of the two-pass one timed alone, and impl="auto"; two
     input sets per shape (max_sets), so each in-graph program holds two interpreted calls."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", MLA_CHECK], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    _check(MLA_CHECK)
 
 
 # The probe's --lower_only runs over a covering set of its (shape, splits, epilogue) product; each
@@ -209,11 +210,7 @@ def test_mla_mosaic_probe_lowers():
     1024:3:1 (3 row blocks, cluster 1, S 1) at splits 1 with both epilogues; 2048:1:2 (1 row
     block: decode, cluster 1, S 2) at splits 3 with both epilogues. (The operands are made and
     prepared on the CPU: FAST_COMPILE.)"""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip())
-    out = subprocess.run([sys.executable, "-c", f"CASES = {PROBE_CASES!r}\n" + PROBE_CHECK],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    out = _check(f"CASES = {PROBE_CASES!r}\n" + PROBE_CHECK, FAST_COMPILE)
     want = {f"ctx={ctx} Q={q} S={s} splits={k} epilogue={e}: lowered"
             for ctx, q, s, splits in (("1024", 2, 2, (1, 3)), ("1024", 3, 1, (1,)), ("2048", 1, 2, (3,)))
             for k in splits for e in ("tma", "registers")}
