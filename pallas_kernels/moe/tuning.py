@@ -88,6 +88,8 @@ class MoEConfig(NamedTuple):
 # 292 -> 287, 520 3544 -> 3456, 1040 4698 -> 4458, 2048 8113 -> 7929. f16 stays on in every
 # entry: with f16 off, float16 scales are converted in the kernel, which offline costs more loop
 # instructions than bf16 scales (T = 1 gate_up 523 vs 491, T = 1040 down 1677 vs 1582).
+# Session 48 (experiments/results/moe_swap_ab_large_t_h200_session48/): swap_ab (wgmma) with bm 64 or
+# 128 on the last entry, 1.12-1.74x slower at T = 2048 and 4096 (4096: 12,353 -> 15,072-17,629 us).
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
     (576, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512, 520
