@@ -24,6 +24,10 @@ column: each regime's % of that copy in the same regime:
   python3 experiments/kernel_bench.py --op=moe --sweep=false --trace --load_s=3 \
       --impls=triton,pallas_triton --tokens=1,4,16,64,256,520,1040,2048 --out_dir=$OUT
 
+--budget_s=N starts no new implementation or T after N seconds and still writes the JSON and the
+tables, the rest listed as skipped (every implementation at the issue's seven T takes longer than
+one 10-minute device call: the xla path alone runs about 80 ms per call at T >= 256).
+
 --impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
 split_k) on top of the tuned config per T, each checked against the golden before timing; and
 "parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
@@ -67,6 +71,10 @@ flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each imp
 flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "
                     "config of each T, ';' between sets, ',' between field=value (MoEConfig fields, "
                     "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the built-in sets")
+flags.DEFINE_float("budget_s", 0, "if > 0, start no new implementation and T once the run has timed for "
+                   "this long (seconds): the rest are skipped as rows that say so, and the JSON and tables "
+                   "are written (a `timeout` would lose them; the xla path and the bf16-weights path take "
+                   "minutes at T >= 256)")
 flags.DEFINE_bool("trace", False, "also profile each timed implementation: device-busy time per "
                   "call, the span of the traced calls per call (busy plus idle gaps between kernels) "
                   "and the kernels, over 16 calls after 8 in the same trace (GPU; separates device "
@@ -286,8 +294,13 @@ def _bench_moe(clocks) -> dict:
         "large": [c(64, 128, 128, 8, 3), c(128, 128, 128, 8, 3), c(64, 64, 128, 4, 3)],
     }
     rows, bf16_cache = [], {}
+    t_start = time.perf_counter()
     for impl in FLAGS.impls:
         for t in map(int, FLAGS.tokens):
+            if (skip := skipped_row(impl, t, time.perf_counter() - t_start, FLAGS.budget_s)):
+                rows.append(skip)
+                print(json.dumps(skip), flush=True)
+                continue
             key = jax.random.fold_in(keys[7], t)
             ids_all, w_all, _ = _routings(key, t, e, k, 4)
             # per-input arrays made once: indexing a stacked array inside the timed loop would add
@@ -374,6 +387,14 @@ def _bench_moe(clocks) -> dict:
                         load_bw * 1e12)
     return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0]),
             "scale_dtype": FLAGS.scale_dtype}
+
+
+def skipped_row(impl: str, t: int, elapsed_s: float, budget_s: float) -> dict | None:
+    """The row of an implementation and T not started because the run is past --budget_s (None
+    while within it, or with no budget)."""
+    if budget_s > 0 and elapsed_s > budget_s:
+        return {"impl": impl, "T": t, "error": f"skipped: past --budget_s={budget_s:.0f} ({elapsed_s:.0f} s in)"}
+    return None
 
 
 def _time_parts(t, e, k, xs, ids_all, w_all, ex) -> list:
@@ -477,7 +498,8 @@ def _table(res: dict) -> str:
                          f"{r.get('pct_copy_device', nan):.1f} | "
                          f"{gemms} | {r.get('glue_us', nan):.1f} | {r.get('kernels', nan):.0f} | {_mhz(r)} |")
         else:
-            lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | | | | | | "
+            active = f"{r['active_experts']:.1f}" if "active_experts" in r else ""
+            lines.append(f"| {r['T']} | {r['impl']} | {active} | | | | | | "
                          f"{r.get('error', '')[:80]} | | | | | | | | |")
     return "\n".join(lines)
 

@@ -133,6 +133,25 @@ print('ok')
 """
 
 
+BUDGET_CHECK = """
+from experiments.kernel_bench import skipped_row, _table
+assert skipped_row('xla', 256, 400.0, 0) is None              # no budget
+assert skipped_row('xla', 256, 299.0, 300.0) is None          # within it
+row = skipped_row('bf16_weights', 4096, 301.4, 300.0)
+assert row == dict(impl='bf16_weights', T=4096, error='skipped: past --budget_s=300 (301 s in)'), row
+lines = _table({'rows': [row]}).splitlines()
+assert len({ln.count('|') for ln in lines}) == 1, lines      # a skipped row has every column
+assert lines[2].startswith('| 4096 | bf16_weights |  |') and 'skipped: past --budget_s=300' in lines[2], lines[2]
+print('ok')
+"""
+
+
+def test_budget_skips_rows_and_keeps_the_table():
+    """--budget_s: past it, an implementation and T become a row that says it was skipped, which
+    the table prints with every column (so a run cut short still writes its tables)."""
+    _check(BUDGET_CHECK)
+
+
 def test_kernel_split_and_table():
     """kernel_bench's device-time split (GEMM kernels by their own bytes, the rest as glue) and its
     table: every row has every column, an implementation without those kernels leaves them empty."""
