@@ -31,7 +31,9 @@ one 10-minute device call: the xla path alone runs about 80 ms per call at T >= 
 --impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
 split_k) on top of the tuned config per T, each checked against the golden before timing; and
 "parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
-alone, in bf16 compute (gate_up and down each include the routing). One H200 run of the variants against the default:
+alone, in bf16 compute (gate_up and down each include the routing). --impls=triton_variants: the
+raw Triton kernels ("auto" on a GPU) with each --variants set (required; the fields those kernels
+ignore, RAW_IGNORED, are refused). One H200 run of the variants against the default:
   python3 experiments/kernel_bench.py --op=moe --impls=pallas_triton,variants --sweep=false \
       --tokens=1,4,16,64,256 --out_dir=$OUT
 """
@@ -53,8 +55,11 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("op", "moe", ["moe"], "operation to benchmark")
 flags.DEFINE_string("out_dir", "/tmp/kernel_bench", "where results go")
 flags.DEFINE_list("tokens", ["1", "4", "16", "64", "256", "1024", "4096"], "token counts T")
-flags.DEFINE_list("impls", ["pallas_triton", "triton", "xla", "ragged_dot", "bf16_weights"],
-                  "implementations / baselines to time (also: variants)")
+IMPLS = ("pallas_triton", "triton", "xla", "ragged_dot", "bf16_weights", "variants", "triton_variants")
+flags.DEFINE_list("impls", list(IMPLS[:5]),
+                  "implementations / baselines to time (also: variants, triton_variants)")
+flags.register_validator("impls", lambda v: set(v) <= set(IMPLS),
+                         message=f"--impls takes names from {', '.join(IMPLS)}")
 flags.DEFINE_integer("experts", 384, "E")
 flags.DEFINE_integer("hidden", 7168, "d")
 flags.DEFINE_integer("inter", 2048, "I")
@@ -68,7 +73,7 @@ bench_util.define_load_flags("each implementation's device time per call in both
 flags.adopt_module_key_flags(bench_util)     # --load_s, --idle_s in --helpshort
 flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each implementation's "
                    "timing, so the GPU's clocks have settled (bench_util.sustain)")
-flags.DEFINE_string("variants", "", "with --impls=variants: option sets applied to the tuned "
+flags.DEFINE_string("variants", "", "with --impls=variants / triton_variants: option sets applied to the tuned "
                     "config of each T, ';' between sets, ',' between field=value (MoEConfig fields, "
                     "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the built-in sets")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new implementation and T once the run has timed for "
@@ -157,12 +162,25 @@ def parse_variants(text: str) -> list[dict]:
     return sets
 
 
-def _variant_cfgs(t: int, sets: list[dict] | None = None) -> list:
+# MoEConfig fields the raw Triton kernels do not read (triton_impl.py): a variant setting one would
+# time the tuned kernels under another name
+RAW_IGNORED = ("swap_ab", "split_k", "cols_first")
+
+
+def _variant_cfgs(t: int, sets: list[dict] | None = None, raw: bool = False) -> list:
     """Experimental options on top of the tuned config for T (the plain tuned config is timed as
     pallas_triton with --sweep=false): `sets` when given, else split-K where few programs run, the
-    rest where the INT4 loop is the limit."""
+    rest where the INT4 loop is the limit. raw (the raw Triton kernels, --impls=triton_variants):
+    `sets` required, none of them setting a RAW_IGNORED field (ValueError naming it)."""
     from pallas_kernels.moe import tuning
     base = tuning.config(t)
+    if raw:
+        if not sets:
+            raise ValueError("--impls=triton_variants needs --variants (option sets for the raw Triton kernels)")
+        for o in sets:
+            if bad := sorted(set(o) & set(RAW_IGNORED)):
+                raise ValueError(f"--variants: the raw Triton kernels ignore {', '.join(bad)} "
+                                 "(time it with --impls=variants, the Pallas kernels)")
     if sets:
         return [base._replace(**o) for o in sets]
     if t <= 4:
@@ -177,12 +195,12 @@ def _variant_cfgs(t: int, sets: list[dict] | None = None) -> list:
     return [base._replace(**o) for o in opts]
 
 
-def _cfg_name(c) -> str:
-    """pallas_triton(bm, bn_up, bn_down, warps, stages, dequant[, options that are on])."""
+def _cfg_name(c, impl: str = "pallas_triton") -> str:
+    """impl(bm, bn_up, bn_down, warps, stages, dequant[, options that are on])."""
     on = [f"{f}={getattr(c, f)}" for f in ("scale_weights", "swap_ab", "split_k", "down_warps",
                                            "down_stages", "cols_first", "min_bm", "f16")
           if getattr(c, f) != type(c)._field_defaults[f]]
-    return f"pallas_triton{tuple(c)[:6] + tuple(on)}"
+    return f"{impl}{tuple(c)[:6] + tuple(on)}"
 
 
 def _parts(t, cfg, e, k):
@@ -319,6 +337,9 @@ def _bench_moe(clocks) -> dict:
             elif impl == "variants":
                 cands = [(_cfg_name(c), lambda x, a, b, ex, c=c: moe_experts_pallas(x, a, b, ex, cfg=c))
                          for c in _variant_cfgs(t, parse_variants(FLAGS.variants))]
+            elif impl == "triton_variants":
+                cands = [(_cfg_name(c, "triton"), lambda x, a, b, ex, c=c: moe_experts_triton(x, a, b, ex, cfg=c))
+                         for c in _variant_cfgs(t, parse_variants(FLAGS.variants), raw=True)]
             elif impl == "triton":
                 cands = [("triton", lambda x, a, b, ex: moe_experts_triton(x, a, b, ex, cfg=tuning.config(t)))]
             elif impl == "xla":
@@ -506,6 +527,8 @@ def _table(res: dict) -> str:
 
 def main(argv):
     del argv
+    if {"variants", "triton_variants"} & set(FLAGS.impls):    # bad option sets fail before any device work
+        _variant_cfgs(1, parse_variants(FLAGS.variants), raw="triton_variants" in FLAGS.impls)
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     res = {"moe": bench_moe}[FLAGS.op]()
     try:

@@ -40,6 +40,15 @@ base = tuning.config(64)
 assert cfgs[0] == base._replace(bn_down=256, down_warps=8) and cfgs[0].bn_up == base.bn_up
 assert cfgs[1].scale_weights is False and cfgs[2].dequant == 'bits'
 assert len(_variant_cfgs(64)) == 5   # the built-in sets when none are given
+raw = _variant_cfgs(4096, parse_variants('bn_up=128;bm=64,num_warps=8'), raw=True)   # the raw Triton kernels
+assert raw == [tuning.config(4096)._replace(bn_up=128), tuning.config(4096)._replace(bm=64, num_warps=8)], raw
+for sets, word in (([], '--variants'), ([dict(bn_up=128), dict(swap_ab=True, split_k=2)], 'split_k, swap_ab')):
+    try:
+        _variant_cfgs(64, sets, raw=True)
+    except ValueError as e:
+        assert word in str(e), (sets, e)
+    else:
+        raise AssertionError(sets)
 for bad, word in (('bn_dwn=4', 'bn_dwn'), ('bn_down', 'bn_down'), ('bn_down=x', 'bn_down'),
                   ('swap_ab=maybe', 'swap_ab')):
     try:
@@ -54,6 +63,19 @@ print('ok')
 
 def test_parse_variants():
     _check(CHECK)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--impls=triton,trition"], "--impls takes names from"),
+    (["--impls=triton_variants"], "--impls=triton_variants needs --variants"),
+    (["--impls=triton_variants", "--variants=swap_ab=true"], "the raw Triton kernels ignore swap_ab"),
+])
+def test_kernel_bench_refuses_bad_impls_before_device_work(argv, words, tmp_path):
+    """An unknown implementation (once run as the bf16-weights path) or raw-kernel variants that
+    would time the tuned kernels under another name: refused by name, before any device work."""
+    out = _run([os.path.join(ROOT, "experiments", "kernel_bench.py"), f"--out_dir={tmp_path / 'kb'}", *argv])
+    assert out.returncode != 0 and words in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "kb").exists()
 
 
 @pytest.mark.parametrize("script", ["kernel_bench.py", "mla_bench.py"])
