@@ -44,7 +44,11 @@ from absl import app, flags
 import numpy as np
 
 from ddtree_jax import bench_util
-from experiments.mla_bench import make_inputs, time_jax   # also defines --heads, --dk, --v_dim, --out
+
+# the repository root, so that `python experiments/mla_mosaic_probe.py` finds its sibling module
+# without PYTHONPATH, as the other scripts run
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments.mla_bench import make_inputs, time_jax  # noqa: E402  (also defines --heads, --dk, --v_dim, --out)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
