@@ -40,9 +40,11 @@ base = tuning.config(64)
 assert cfgs[0] == base._replace(bn_down=256, down_warps=8) and cfgs[0].bn_up == base.bn_up
 assert cfgs[1].scale_weights is False and cfgs[2].dequant == 'bits'
 assert len(_variant_cfgs(64)) == 5   # the built-in sets when none are given
-raw = _variant_cfgs(4096, parse_variants('bn_up=128;bm=64,num_warps=8'), raw=True)   # the raw Triton kernels
-assert raw == [tuning.config(4096)._replace(bn_up=128), tuning.config(4096)._replace(bm=64, num_warps=8)], raw
-for sets, word in (([], '--variants'), ([dict(bn_up=128), dict(swap_ab=True, split_k=2)], 'split_k, swap_ab')):
+raw = _variant_cfgs(4096, parse_variants('bn_up=128;num_warps=8'), raw=True)   # the raw Triton kernels
+assert raw == [tuning.config(4096)._replace(bn_up=128), tuning.config(4096)._replace(num_warps=8)], raw
+assert _variant_cfgs(4096, [dict(bm=64, dequant='bits')])[0].bm == 64
+for sets, word in (([], '--variants'), ([dict(bn_up=128), dict(swap_ab=True, split_k=2)], 'split_k, swap_ab'),
+                   ([dict(bm=64, num_warps=8)], "dequant='asm'")):   # refused before any device work
     try:
         _variant_cfgs(64, sets, raw=True)
     except ValueError as e:

@@ -457,3 +457,35 @@ def test_tuned_table_is_valid_and_ordered():
     assert tuning.config(limits[-2] + 1) is tuning.TABLE[-1][1]
     with pytest.raises(ValueError, match="MoEConfig.bm"):
         tuning.MoEConfig(bm=24).check()
+
+
+def test_asm_dequant_refused_for_64_row_blocks():
+    """The PTX dequantisation writes K-row pairs into one register: the layout of mma.sync's
+    operands and of wgmma's register operand (swap_ab), not of the shared-memory weight operand
+    Triton gives wgmma for 64-row blocks, where every such block came out wrong on the H200
+    (BENCHMARKS.md, issue 4, session 49). MoEConfig.check refuses it by field, the raw Triton
+    kernels (which ignore swap_ab) refuse it even with swap_ab, and the bits route and smaller
+    blocks stay allowed."""
+    from pallas_kernels.moe import triton_impl
+    from pallas_kernels.moe.tuning import MoEConfig
+
+    for bm in (64, 128):
+        with pytest.raises(ValueError, match=f"MoEConfig.dequant='asm' needs bm <= 32 .*bm={bm}"):
+            MoEConfig(bm=bm).check()
+        with pytest.raises(ValueError, match=f"MoEConfig.dequant='asm' needs bm <= 32 .*bm={bm}"):
+            MoEConfig(bm=bm, min_bm=16, scale_weights=True).check()
+        assert MoEConfig(bm=bm, dequant="bits").check().bm == bm
+        swapped = MoEConfig(bm=bm, swap_ab=True).check()
+        with pytest.raises(ValueError, match="raw Triton kernels"):
+            triton_impl._asm(swapped, jnp.bfloat16)
+        assert not triton_impl._asm(swapped._replace(dequant="bits"), jnp.bfloat16)
+    assert MoEConfig(bm=32, min_bm=16).check().bm == 32
+    with pytest.raises(ValueError, match="MoEConfig.dequant must be"):
+        MoEConfig(dequant="ptx").check()
+    # the whole op refuses before tracing a kernel
+    rng = fresh_rng()
+    experts, _ = _int4_experts(rng, 4, 64, 32)
+    ids, w = _routing(rng, "random", 3, 2, 4)
+    x = jnp.asarray(rng.standard_normal((3, 64)), jnp.bfloat16)
+    with pytest.raises(ValueError, match="MoEConfig.dequant='asm'"):
+        pallas_triton.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts, cfg=MoEConfig(bm=64))

@@ -52,7 +52,11 @@ class Launch(NamedTuple):
 
 
 def _asm(cfg, dtype) -> bool:
-    """PTX dequantisation (the kernels only ever run compiled, on a GPU)."""
+    """PTX dequantisation (the kernels only ever run compiled, on a GPU). These kernels ignore
+    swap_ab, so a 64-row block with it is refused as MoEConfig.check refuses it without."""
+    if cfg.dequant == "asm" and cfg.bm >= 64:
+        raise ValueError(f"MoEConfig.dequant='asm' needs bm <= 32 in the raw Triton kernels (they ignore "
+                         f"swap_ab), got bm={cfg.bm}; use dequant='bits'")
     return cfg.dequant == "asm" and dtype in (jnp.bfloat16, jnp.float16)
 
 

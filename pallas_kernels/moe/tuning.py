@@ -2,7 +2,8 @@
 
 `config(T)` returns the entry of the smallest `max_tokens` >= T. Fields: bm (rows per block, the
 routing alignment), bn_up / bn_down (output columns per program of the gate+up and down kernels),
-num_warps, num_stages, dequant ("asm" on the GPU for bf16 and float16, else "bits"). Variants of the Pallas
+num_warps, num_stages, dequant ("asm" on the GPU for bf16 and float16, else "bits"; "asm" needs bm
+<= 32 or swap_ab: `dequant.py`). Variants of the Pallas
 kernels (the raw "triton" kernels take scale_weights, f16, down_warps, down_stages and min_bm, and
 ignore the others): scale_weights (group scale applied to the dequantised
 weights, one accumulator instead of a rescale per 32-row plane: on at every T, where the H200
@@ -60,6 +61,13 @@ class MoEConfig(NamedTuple):
         m = self.min_bm
         if m and (m & (m - 1) or not 16 <= m <= self.bm // 2):
             raise ValueError(f"MoEConfig.min_bm must be 0 or a power of two in [16, bm/2={self.bm // 2}], got {m}")
+        if self.dequant == "asm" and self.bm >= 64 and not self.swap_ab:
+            raise ValueError(f"MoEConfig.dequant='asm' needs bm <= 32 or swap_ab=True, got bm={self.bm}: on Hopper "
+                             "Triton multiplies 64-row blocks with wgmma, whose shared-memory weight operand "
+                             "does not hold the K-row pairs the PTX dequantisation writes (wrong results on "
+                             "the H200); use dequant='bits'")
+        if self.dequant not in ("asm", "bits"):
+            raise ValueError(f"MoEConfig.dequant must be 'asm' or 'bits', got {self.dequant!r}")
         return self
 
 
