@@ -358,20 +358,32 @@ def _bench_moe(clocks) -> dict:
             for name, fn in cands:
                 row = {"impl": name, "T": t, "active_experts": active, "bytes": nbytes, "flops": flops,
                        "floor_s": floor}
+                # each phase's seconds, and a line as each starts: a run cut off by a shell timeout
+                # still shows where its time went
+                phases, mark = row.setdefault("phase_s", {}), [time.perf_counter()]
+                print(f"-> {name} T={t}", flush=True)
+
+                def phase(label):
+                    now = time.perf_counter()
+                    phases[label] = round(now - mark[0], 2)
+                    mark[0] = now
                 try:
                     out = fn(xs[0], ids_all[0], w_all[0], ex)
                     ref = golden(np.asarray(xs[0].astype(jnp.float32)), ids_all[0], w_all[0])
                     got = np.asarray(out[: ref.shape[0]].astype(jnp.float32), np.float64)
                     err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) if np.all(np.isfinite(got)) else float("inf")
                     row["rel_err"] = err
+                    phase("first_call_and_check")
                     if not err < 2e-2:
                         raise AssertionError(f"rel err {err:.3e} vs golden")
                     it = iter(range(1 << 30))
                     call = lambda: (lambda r: fn(xs[r], ids_all[r], w_all[r], ex))(next(it) % 4)  # noqa: E731
                     bench_util.sustain(call, seconds=FLAGS.warm_s)
+                    phase("warm")
                     t0 = time.time()
                     sec = _time(call, FLAGS.min_time_s)
                     row["wall_clocks"] = clocks.window(t0, time.time())
+                    phase("wall_clock")
                     row.update(time_us=sec * 1e6, GBps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / bw,
                                pct_floor=100 * floor / sec)
                     # traced over the 4 inputs that `active` (the bytes) and the wall clock average
@@ -379,9 +391,11 @@ def _bench_moe(clocks) -> dict:
                     traced = (bench_util.traced_device_time(fn, calls=16, warm=8, arg_sets=sets)
                               if FLAGS.trace else None)
                     row["trace_clocks"] = clocks.window(*traced["host_window"]) if traced else {}
+                    phase("trace")
                     if FLAGS.load_s > 0 and (lp := bench_util.load_profile(
                             fn, sets, load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)):
                         row["load"] = lp
+                    phase("load")
                     if traced:
                         w_bytes = d * i * (2 if impl == "bf16_weights" else 0.5 + 2 / 32) * active
                         row.update(device_us=traced["busy_us"], span_us=traced["span_us"], kernels=traced["kernels"],

@@ -71,10 +71,12 @@ def test_parse_variants():
     (["--impls=triton,trition"], "--impls takes names from"),
     (["--impls=triton_variants"], "--impls=triton_variants needs --variants"),
     (["--impls=triton_variants", "--variants=swap_ab=true"], "the raw Triton kernels ignore swap_ab"),
+    (["--impls=variants", "--variants=bn_up=128;bm=64"], "MoEConfig.dequant='asm' needs bm <= 32"),
 ])
 def test_kernel_bench_refuses_bad_impls_before_device_work(argv, words, tmp_path):
-    """An unknown implementation (once run as the bf16-weights path) or raw-kernel variants that
-    would time the tuned kernels under another name: refused by name, before any device work."""
+    """An unknown implementation (once run as the bf16-weights path), raw-kernel variants that
+    would time the tuned kernels under another name, or a set no kernel runs correctly (PTX
+    dequantisation in 64-row blocks): refused by name, before any device work."""
     out = _run([os.path.join(ROOT, "experiments", "kernel_bench.py"), f"--out_dir={tmp_path / 'kb'}", *argv])
     assert out.returncode != 0 and words in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "kb").exists()
