@@ -370,6 +370,25 @@ def test_triton_kernels_write_every_used_row(form):
     _check_kernel_rows(cfg, 5, 288, 64, 6, 2, "uneven", f"triton {form}", kernels=triton_impl)
 
 
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the tuned forms (PTX dequantisation) run compiled, on a GPU")
+@pytest.mark.parametrize("kernels", ["pallas_triton", "triton_impl"])
+@pytest.mark.parametrize("entry", range(len(tuning.TABLE)))
+def test_every_tuned_entry_on_the_gpu(entry, kernels):
+    """Each tuned table entry as the GPU runs it (PTX dequantisation, whose register pairs must be
+    the MMA layout's K-row pairs), Pallas and raw: experts of 5, 16, 17, 33, 64 and 70 slots, so
+    blocks of every body size the entry has run, d a multiple of its 256-column down tiles; every
+    slot written and equal to the golden (_check_kernel_rows)."""
+    import importlib
+
+    cfg = tuning.TABLE[entry][1]
+    rng = fresh_rng()
+    counts = [5, 16, 17, 33, 64, 70]
+    ids = rng.permutation(np.repeat(np.arange(len(counts)), counts)).astype(np.int32)[:, None]
+    _check_kernel_rows(cfg, len(counts), 512, 128, ids.shape[0], 1, "", f"{kernels} entry {entry}",
+                       routing=(ids, rng.random(ids.shape).astype(np.float32)),
+                       kernels=importlib.import_module(f"pallas_kernels.moe.{kernels}"))
+
 # Kernel variants (tuning.MoEConfig fields; scale_weights is in the tuned table) against the same goldens and
 # tolerances. scale_weights rounds each scaled bf16 weight once more (relative <= 2^-8 per weight,
 # about 2e-3 on the output, inside TOL[bf16]); it is exact for float32 activations.
