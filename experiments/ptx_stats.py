@@ -6,8 +6,9 @@ a separate Python (--triton_python; the project's venv has none): first Triton's
 (canonicalize, combine, CSE, loop unroll, as XLA runs it for Pallas kernels), then TTGIR, PTX,
 ptxas -v and cuobjdump. Reports per kernel: registers per thread, spill stores/loads (bytes),
 Triton's shared memory (bytes), which MMA the PTX uses (wgmma = Hopper warpgroup MMA, mma = the
-older mma.sync), and the SASS instructions of the longest loop (per thread per iteration) with its
-most frequent opcodes. The pip Triton's pipeline is close to, not the same as, the one jaxlib
+older mma.sync), the layouts its inline PTX runs in (`asm_layouts`, flagged outside an MMA operand
+layout), and the SASS instructions of the longest loop (per thread per iteration) with its most
+frequent opcodes. The pip Triton's pipeline is close to, not the same as, the one jaxlib
 bundles on the GPU.
 
   python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install triton==3.6.0
@@ -85,6 +86,22 @@ def loop_mix(sass: str) -> tuple[int, collections.Counter]:
     return len(best), ops
 
 
+def asm_layouts(ttgir: str) -> list[str]:
+    """TTGIR text -> the layouts (sorted, distinct) of its inline-asm ops' results: "dot_op<a,k>"
+    for an MMA operand layout (opIdx a, kWidth k), else the layout's kind ("blocked", "linear", ...).
+    The MoE kernels' PTX dequantisation takes two consecutive elements of a thread's registers as
+    K rows (r, r + 1) of one column, true only in the MMA's operand layout: any other layout means
+    wrong results (BENCHMARKS.md, issue 4, session 49)."""
+    alias = dict(re.findall(r"^(#\w+) = (#[\w.]+<.*)$", ttgir, re.M))
+    found = set()
+    for m in re.finditer(r"elementwise_inline_asm.*->\s*(?:\()?tensor<[^,>]+,\s*(#[\w.]+(?:<\{[^}]*\}>)?)", ttgir):
+        enc = alias.get(m.group(1), m.group(1))
+        dot = re.match(r"#ttg\.dot_op<\{opIdx = (\d+).*?kWidth = (\d+)", enc)
+        found.add(f"dot_op<{dot.group(1)},{dot.group(2)}>" if dot else
+                  re.match(r"#(?:ttg\.)?([a-z_]+)", enc).group(1))
+    return sorted(found)
+
+
 def _raw_source(item: dict):
     """Under --triton_python: the ASTSource of a raw Triton kernel of the repo (item: raw_kernel
     "module:function", arg_types of its pointer arguments in order, constexprs), with every
@@ -139,7 +156,7 @@ def _compile_worker(manifest_path: str) -> None:
                        spill_st=int(re.search(r"(\d+) bytes spill stores", log).group(1)),
                        spill_ld=int(re.search(r"(\d+) bytes spill loads", log).group(1)),
                        smem=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), mma=ptx.count("mma.sync"),
-                       loop=n_loop, loop_ops=dict(ops.most_common()))
+                       loop=n_loop, loop_ops=dict(ops.most_common()), asm_layouts=asm_layouts(k.asm["ttgir"]))
         except Exception as e:  # report and go on: one config failing must not end the table
             res["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         print(json.dumps(res), flush=True)
@@ -468,6 +485,9 @@ def main(_):
             print(f"| {m['config']} | {m['q']} | {m['splits']} | ERROR {r['error']} | | | | | |")
             continue
         mma = f"wgmma x{r['wgmma']}" if r["wgmma"] else f"mma.sync x{r['mma']}"
+        if lay := r.get("asm_layouts"):   # inline PTX outside an MMA operand layout: wrong results
+            bad = [x for x in lay if not x.startswith("dot_op")]
+            mma += f"; asm in {', '.join(lay)}" + (" (NOT an MMA operand layout)" if bad else "")
         top = " ".join(f"{k}:{v}" for k, v in list(r["loop_ops"].items())[:f.top_ops])
         print(f"| {m['config']} | {m['q']} | {m['splits']} | {r['regs']} | {r['spill_st']}/{r['spill_ld']} | "
               f"{r['smem']} | {mma} | {r['loop']} | {top} |")

@@ -1,0 +1,26 @@
+"""experiments/ptx_stats.py's TTGIR reading (the compiles themselves need a separate pip Triton)."""
+
+from __future__ import annotations
+
+from experiments.ptx_stats import asm_layouts
+
+_ASM = ('%p = tt.elementwise_inline_asm "{\\0Aand.b32 $0, $1, 0x000F000F;\\0Afma.rn.bf16x2 $0, $0, $3, $4;\\0A}" '
+        '{constraints = "=r,r,r,r,r", packed_element = 2 : i32, pure = true} %q, %sb, %cb : {ins} -> {out} loc(#loc1)')
+_DOT = "tensor<32x64xbf16, #ttg.dot_op<{opIdx = 1, parent = #mma, kWidth = 2}>>"
+_HEAD = ("#blocked = #ttg.blocked<{sizePerThread = [1, 8], threadsPerWarp = [4, 8], warpsPerCTA = [4, 1], order = [1, 0]}>\n"
+         "#mma = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [1, 4], instrShape = [16, 8]}>\n")
+
+
+def _op(out: str) -> str:
+    return _ASM.replace("{ins}", f"tensor<32x64xi32, {out.split(', ', 1)[1][:-1]}>").replace("{out}", out)
+
+
+def test_asm_layouts_reads_the_inline_ptx_result_layouts():
+    """Lines as pip Triton 3.6.0 writes them for the MoE gate_up kernel (session 49): the tuned
+    kernel's PTX dequantisation in the mma.sync B-operand layout; a 64-row block's also in a
+    blocked layout (two columns per register pair: wrong results on the H200); no inline asm."""
+    tuned = _HEAD + "\n".join([_op(_DOT)] * 3)
+    assert asm_layouts(tuned) == ["dot_op<1,2>"]
+    bm64 = tuned + "\n" + _op("tensor<32x64xbf16, #blocked>")
+    assert asm_layouts(bm64) == ["blocked", "dot_op<1,2>"]
+    assert asm_layouts(_HEAD + "%0 = tt.dot %a, %b, %c : tensor<16x16xbf16, #blocked>") == []
