@@ -6,8 +6,8 @@ a separate Python (--triton_python; the project's venv has none): first Triton's
 (canonicalize, combine, CSE, loop unroll, as XLA runs it for Pallas kernels), then TTGIR, PTX,
 ptxas -v and cuobjdump. Reports per kernel: registers per thread, spill stores/loads (bytes),
 Triton's shared memory (bytes), which MMA the PTX uses (wgmma = Hopper warpgroup MMA, mma = the
-older mma.sync), the layouts its inline PTX runs in (`asm_layouts`, flagged outside an MMA operand
-layout), and the SASS instructions of the longest loop (per thread per iteration) with its most
+older mma.sync), the layouts its inline PTX runs in (`asm_layouts`, flagged where a thread's register
+pair is not two K rows), and the SASS instructions of the longest loop (per thread per iteration) with its most
 frequent opcodes. The pip Triton's pipeline is close to, not the same as, the one jaxlib
 bundles on the GPU.
 
@@ -86,19 +86,34 @@ def loop_mix(sass: str) -> tuple[int, collections.Counter]:
     return len(best), ops
 
 
+def _pair_dim(enc: str) -> int | None:
+    """A TTGIR layout -> the tensor dimension along which a thread's registers 0 and 1 lie (the
+    pair `packed_element = 2` inline asm receives), or None when it cannot tell."""
+    if m := re.match(r"#ttg\.dot_op<\{opIdx = (\d+).*?kWidth = (\d+)", enc):
+        # an MMA operand's registers run along K: dim 0 of B [K, N], dim 1 of A [M, K]
+        return (1 if m.group(1) == "0" else 0) if int(m.group(2)) >= 2 else None
+    if m := re.match(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\].*?order = \[([\d, ]+)\]", enc):
+        size, order = ([int(x) for x in g.split(",")] for g in m.groups())
+        return next((d for d in order if size[d] > 1), None)
+    if m := re.match(r"#ttg\.linear<\{register = \[\[([\d, ]+)\]", enc):
+        step = [int(x) for x in m.group(1).split(",")]
+        return step.index(1) if sorted(step) == [0] * (len(step) - 1) + [1] else None
+    return None
+
+
 def asm_layouts(ttgir: str) -> list[str]:
-    """TTGIR text -> the layouts (sorted, distinct) of its inline-asm ops' results: "dot_op<a,k>"
-    for an MMA operand layout (opIdx a, kWidth k), else the layout's kind ("blocked", "linear", ...).
-    The MoE kernels' PTX dequantisation takes two consecutive elements of a thread's registers as
-    K rows (r, r + 1) of one column, true only in the MMA's operand layout: any other layout means
-    wrong results (BENCHMARKS.md, issue 4, session 49)."""
+    """TTGIR text -> for each distinct result layout of its inline-asm ops, "kind: pairs along dim
+    d" (kind dot_op / blocked / linear ...; d the dimension of a thread's registers 0 and 1, "?"
+    when unknown), sorted. The MoE kernels' PTX dequantisation takes its two packed elements as K
+    rows (r, r + 1) of one column of a [K, N] tile: right only with pairs along dim 0 (wrong
+    results otherwise: BENCHMARKS.md, issue 4, session 49)."""
     alias = dict(re.findall(r"^(#\w+) = (#[\w.]+<.*)$", ttgir, re.M))
     found = set()
     for m in re.finditer(r"elementwise_inline_asm.*->\s*(?:\()?tensor<[^,>]+,\s*(#[\w.]+(?:<\{[^}]*\}>)?)", ttgir):
         enc = alias.get(m.group(1), m.group(1))
-        dot = re.match(r"#ttg\.dot_op<\{opIdx = (\d+).*?kWidth = (\d+)", enc)
-        found.add(f"dot_op<{dot.group(1)},{dot.group(2)}>" if dot else
-                  re.match(r"#(?:ttg\.)?([a-z_]+)", enc).group(1))
+        dim = _pair_dim(enc)
+        kind = re.match(r"#(?:ttg\.)?([a-z_]+)", enc).group(1)
+        found.add(f"{kind}: pairs along dim {'?' if dim is None else dim}")
     return sorted(found)
 
 
@@ -485,9 +500,9 @@ def main(_):
             print(f"| {m['config']} | {m['q']} | {m['splits']} | ERROR {r['error']} | | | | | |")
             continue
         mma = f"wgmma x{r['wgmma']}" if r["wgmma"] else f"mma.sync x{r['mma']}"
-        if lay := r.get("asm_layouts"):   # inline PTX outside an MMA operand layout: wrong results
-            bad = [x for x in lay if not x.startswith("dot_op")]
-            mma += f"; asm in {', '.join(lay)}" + (" (NOT an MMA operand layout)" if bad else "")
+        if lay := r.get("asm_layouts"):   # the MoE PTX needs K-row pairs (dim 0) in every layout
+            bad = [x for x in lay if not x.endswith("dim 0")]
+            mma += f"; asm {', '.join(lay)}" + (" (NOT K-row pairs: wrong results)" if bad else "")
         top = " ".join(f"{k}:{v}" for k, v in list(r["loop_ops"].items())[:f.top_ops])
         print(f"| {m['config']} | {m['q']} | {m['splits']} | {r['regs']} | {r['spill_st']}/{r['spill_ld']} | "
               f"{r['smem']} | {mma} | {r['loop']} | {top} |")

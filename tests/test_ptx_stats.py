@@ -15,12 +15,20 @@ def _op(out: str) -> str:
     return _ASM.replace("{ins}", f"tensor<32x64xi32, {out.split(', ', 1)[1][:-1]}>").replace("{out}", out)
 
 
-def test_asm_layouts_reads_the_inline_ptx_result_layouts():
-    """Lines as pip Triton 3.6.0 writes them for the MoE gate_up kernel (session 49): the tuned
-    kernel's PTX dequantisation in the mma.sync B-operand layout; a 64-row block's also in a
-    blocked layout (two columns per register pair: wrong results on the H200); no inline asm."""
+def test_asm_layouts_reads_the_inline_ptx_register_pairs():
+    """Lines as pip Triton 3.6.0 writes them for the MoE kernels (session 49): the tuned kernel's
+    PTX dequantisation in the mma.sync B-operand layout (K-row pairs, right on the H200); a 64-row
+    block's also in a blocked layout 8 columns wide per thread (column pairs: wrong on the H200);
+    swap_ab's in a linear layout whose first register step is one K row (right on the H200); a
+    blocked layout 4 rows tall per thread; no inline asm at all."""
     tuned = _HEAD + "\n".join([_op(_DOT)] * 3)
-    assert asm_layouts(tuned) == ["dot_op<1,2>"]
+    assert asm_layouts(tuned) == ["dot_op: pairs along dim 0"]
     bm64 = tuned + "\n" + _op("tensor<32x64xbf16, #blocked>")
-    assert asm_layouts(bm64) == ["blocked", "dot_op<1,2>"]
+    assert asm_layouts(bm64) == ["blocked: pairs along dim 1", "dot_op: pairs along dim 0"]
+    swap = ("#linear = #ttg.linear<{register = [[1, 0], [0, 8], [8, 0]], lane = [[2, 0], [4, 0], [0, 1], [0, 2], "
+            "[0, 4]], warp = [[0, 16], [0, 32]], block = []}>\n" + _op("tensor<32x64xbf16, #linear>"))
+    assert asm_layouts(swap) == ["linear: pairs along dim 0"]
+    tall = ("#blocked1 = #ttg.blocked<{sizePerThread = [4, 1], threadsPerWarp = [16, 2], warpsPerCTA = [1, 4], "
+            "order = [0, 1]}>\n" + _op("tensor<32x64xbf16, #blocked1>"))
+    assert asm_layouts(tall) == ["blocked: pairs along dim 0"]
     assert asm_layouts(_HEAD + "%0 = tt.dot %a, %b, %c : tensor<16x16xbf16, #blocked>") == []
