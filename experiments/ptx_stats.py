@@ -6,10 +6,10 @@ a separate Python (--triton_python; the project's venv has none): first Triton's
 (canonicalize, combine, CSE, loop unroll, as XLA runs it for Pallas kernels), then TTGIR, PTX,
 ptxas -v and cuobjdump. Reports per kernel: registers per thread, spill stores/loads (bytes),
 Triton's shared memory (bytes), which MMA the PTX uses (wgmma = Hopper warpgroup MMA, mma = the
-older mma.sync), the layouts its inline PTX runs in (`asm_layouts`, flagged where a thread's register
-pair is not two K rows), and the SASS instructions of the longest loop (per thread per iteration) with its most
-frequent opcodes. The pip Triton's pipeline is close to, not the same as, the one jaxlib
-bundles on the GPU.
+older mma.sync), the layouts its inline PTX runs in (`asm_layouts`, flagged where a thread's
+register pair is not two K rows), and the SASS instructions of the longest loop (per thread per
+iteration) with its most frequent opcodes. The pip Triton's pipeline is close to, not the same as,
+the one jaxlib bundles on the GPU.
 
   python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install triton==3.6.0
   PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\

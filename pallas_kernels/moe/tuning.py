@@ -63,9 +63,9 @@ class MoEConfig(NamedTuple):
             raise ValueError(f"MoEConfig.min_bm must be 0 or a power of two in [16, bm/2={self.bm // 2}], got {m}")
         if self.dequant == "asm" and self.bm >= 64 and not self.swap_ab:
             raise ValueError(f"MoEConfig.dequant='asm' needs bm <= 32 or swap_ab=True, got bm={self.bm}: on Hopper "
-                             "Triton multiplies 64-row blocks with wgmma, whose shared-memory weight operand "
-                             "does not hold the K-row pairs the PTX dequantisation writes (wrong results on "
-                             "the H200); use dequant='bits'")
+                             "Triton multiplies 64-row blocks with wgmma and dequantises their weight tile in a "
+                             "layout whose register pairs are two columns, not the two K rows the PTX "
+                             "dequantisation assumes (wrong results on the H200); use dequant='bits'")
         if self.dequant not in ("asm", "bits"):
             raise ValueError(f"MoEConfig.dequant must be 'asm' or 'bits', got {self.dequant!r}")
         return self
