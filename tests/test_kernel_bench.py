@@ -67,6 +67,37 @@ def test_parse_variants():
     _check(CHECK)
 
 
+
+ALL_TOKENS_CHECK = """
+import jax, jax.numpy as jnp, numpy as np
+from experiments.kernel_bench import all_tokens_error
+from pallas_kernels import moe
+from pallas_kernels.moe import tuning
+from pallas_kernels.moe.pallas_triton import moe_experts_pallas
+rng = np.random.default_rng(SEED)
+e, d, i, t, k = 6, 96, 64, 40, 2
+hf = [moe.quantize_int4(rng.standard_normal(s).astype(np.float32) * 0.5) for s in ((e, i, d), (e, i, d), (e, d, i))]
+ex = moe.prepare_experts_int4(*hf[0], *hf[1], *hf[2])
+ids = jnp.asarray(np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32))
+w = jnp.asarray(rng.random((t, k)).astype(np.float32))
+x = jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16)
+good = moe_experts_pallas(x, ids, w, ex, cfg=tuning.MoEConfig(bm=32, bn_up=32, bn_down=32, scale_weights=True, min_bm=16))
+assert all_tokens_error(good, x, ids, w, ex) < 8e-3        # another form of the same op: bf16 rounding only
+bad = good.at[5:9].set(good[20:24])                        # 4 tokens take others' rows: a block-local fault
+err = all_tokens_error(bad, x, ids, w, ex)
+assert 0.2 < err < 2, err
+assert all_tokens_error(good.at[3, 0].set(jnp.nan), x, ids, w, ex) == float('inf')
+print('ok')
+"""
+
+
+def test_all_tokens_error_catches_block_local_faults():
+    """kernel_bench's whole-output check of untried variants (the golden check covers 2 tokens):
+    another kernel form of the op agrees within bf16 rounding, 4 of 40 tokens taking other
+    tokens' rows is caught, a NaN gives inf. Interpret mode, fresh seed."""
+    seed = int(np.random.SeedSequence().generate_state(1)[0])
+    _check(ALL_TOKENS_CHECK.replace("SEED", str(seed)), FAST_COMPILE)
+
 @pytest.mark.parametrize("argv, words", [
     (["--impls=triton,trition"], "--impls takes names from"),
     (["--impls=triton_variants"], "--impls=triton_variants needs --variants"),
