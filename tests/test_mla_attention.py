@@ -608,6 +608,75 @@ def test_mosaic_context_bad_arguments():
         call(136, 136)
     with pytest.raises(ValueError, match="registers epilogue needs rows=136"):
         call(136, 192, epilogue="registers")
+    with pytest.raises(ValueError, match=r"decode form\) must be \[S=1\] with num_q=1; got \(1,\) with num_q=2"):
+        mosaic_gpu.context_attention(jnp.zeros((1, 64, 576), jnp.bfloat16), kv, lens, jnp.zeros(1, jnp.int32),
+                                     num_q=2, scale=0.1, v_dim=512)
+
+
+DECODE_CTX = [0, 1, 63, 64, 127, 128, 200, 1023]   # the node's key at every kind of tail position
+
+
+def decode_case(rng, rows: int, num_slots: int):
+    """Inputs of a decode-form context_attention call (Q 1) over DECODE_CTX: the node's mask word
+    with bit 0 set in the odd streams only (a node that does not see itself must see only its
+    context) and random higher bits (not tree tokens: ignored)."""
+    num_s = len(DECODE_CTX)
+    word = rng.integers(0, 2 ** 31, num_s).astype(np.int32) & ~1 | (np.arange(num_s) % 2).astype(np.int32)
+    q = rng.standard_normal((num_s, rows, 576))
+    kv = rng.standard_normal((num_s, num_slots, 576))
+    return q, kv, jnp.asarray(DECODE_CTX, jnp.int32), jnp.asarray(word)
+
+
+@pytest.mark.parametrize("splits,balance", [(1, False), (3, False), (3, True)])
+def test_mosaic_decode_form_is_the_words_form(splits, balance):
+    """context_attention's decode form (tail_bits [S], the node's mask word, num_q 1) in its XLA
+    twin: the same O and lse as the per-row words tail_words makes from that word, and attention
+    over exactly the context keys plus the node's own key (ctx_lens[s]) where bit 0 is set."""
+    rng = fresh_rng()
+    rows, n = 8, 1032
+    q, kv, ctx_lens, word = decode_case(rng, rows, n)
+    q, kv = jnp.asarray(q[..., :16], jnp.float32), jnp.asarray(kv[..., :16], jnp.float32)
+    per_row = mosaic_gpu.decode_words(ctx_lens, word, rows)
+    assert per_row.shape == (len(DECODE_CTX), 4, 64) and not np.asarray(per_row[..., rows:]).any()
+    kw = dict(num_q=1, scale=0.3, v_dim=8, splits=splits, balance=balance)
+    o, lse = mosaic_gpu.context_attention_xla(q, kv, ctx_lens, word, **kw)
+    o_w, lse_w = mosaic_gpu.context_attention_xla(q, kv, ctx_lens, per_row, **kw)
+    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_w))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse_w))
+    merged = (mosaic_gpu.combine_splits(o, lse, ctx_lens, num_q=1, balance=balance) if splits > 1 else o)
+    for s, c in enumerate(DECODE_CTX):
+        keys = np.arange(c + (s % 2))
+        st = np.asarray(q[s], np.float64) @ np.asarray(kv[s, keys], np.float64).T * 0.3          # [R, keys]
+        if not keys.size:
+            assert not np.asarray(merged[s]).any(), s
+            continue
+        p = np.exp(st - st.max(axis=1, keepdims=True))
+        want = p @ np.asarray(kv[s, keys, :8], np.float64) / p.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(np.asarray(merged[s], np.float64), want, rtol=1e-4, atol=1e-5, err_msg=str(s))
+
+
+@pytest.mark.parametrize("splits,balance,rows", [(1, False, 64), (8, False, 64), (3, True, 64), (5, False, 8)])
+def test_mosaic_kernel_lowers_in_decode_form(splits, balance, rows):
+    """The decode form (the tail's mask from the context length in the kernel) lowers for CUDA on
+    the CPU: unsplit, split, split with balance (the schedule's stream), 8 rows (H 8: a partial
+    row block)."""
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (
+        ((4, rows, 576), jnp.bfloat16), ((4, 1024, 576), jnp.bfloat16), ((4,), jnp.int32), ((4,), jnp.int32))]
+    run = functools.partial(mosaic_gpu.context_attention, num_q=1, scale=0.1, v_dim=512, splits=splits,
+                            balance=balance)
+    jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def test_mosaic_prepare_decode_form():
+    """prepare at Q 1 hands the kernel the node's mask word [S] as it is: with a cache of a
+    multiple of 8 slots its whole jaxpr is reshapes (no XLA kernel); above Q 1 the per-row words."""
+    q, kv, ctx_lens, node_mask, _ = make_case(3, 1, 8, 64, 32, 304, [0, 130, 255], ["chain"], jnp.bfloat16)
+    _, _, _, bits = mosaic_gpu.prepare(q, kv, ctx_lens, node_mask)
+    np.testing.assert_array_equal(np.asarray(bits), np.asarray(node_mask).view(np.int32).reshape(3))
+    jaxpr = jax.make_jaxpr(functools.partial(mosaic_gpu.prepare, q, kv, ctx_lens))(node_mask)
+    assert {e.primitive.name for e in jaxpr.eqns} <= {"reshape", "bitcast_convert_type"}, jaxpr
+    q2, kv2, ctx2, mask2, _ = make_case(3, 2, 8, 64, 32, 300, [0, 130, 255], ["chain"], jnp.bfloat16)
+    assert mosaic_gpu.prepare(q2, kv2, ctx2, mask2)[3].shape == (3, 8, 64)    # 4 words per tail pair
 
 
 def test_mosaic_prepare_pads_rows_to_8_only():
@@ -641,6 +710,7 @@ MOSAIC_GPU_CASES = [  # (id, S, Q, H, N, ctx): K2 widths, bf16
     (34, 2, 70, 4, 1500, [0, 1400]),             # 280 rows, padded to 320
     (35, 4, 40, 64, 2100, [2000, 1000, 0, 1500]),  # 160 CTAs: the context not split (the others are)
     (36, 3, 17, 8, 5000, [4096, 100, 2500]),     # 136 rows: a partial last row block, no copy
+    (37, 4, 1, 64, 8300, [8192, 8255, 0, 8191]),  # plain decode (the kernel's decode form), split
 ]
 
 
@@ -744,14 +814,38 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
     np.testing.assert_allclose(lse[seen], lse_ref[seen], atol=1e-3)
 
 
+@pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
+@pytest.mark.parametrize("splits,balance,rows", [(1, False, 64), (3, False, 64), (8, False, 64), (3, True, 64),
+                                                 (5, False, 8)])
+def test_gpu_mosaic_decode_form(splits, balance, rows):
+    """The kernel's decode form (the tail's mask from the context length and the node's bit 0)
+    against its XLA twin at K2 widths over DECODE_CTX, every element, after a NaN-filled run; 8
+    rows: a partial row block (its missing rows read as zeros, not stored)."""
+    rng = fresh_rng()
+    q, kv, ctx_lens, word = decode_case(rng, rows, 1032)
+    q, kv = jnp.asarray(q, jnp.bfloat16), jnp.asarray(kv, jnp.bfloat16)
+    kw = dict(num_q=1, scale=0.04, v_dim=512, splits=splits, balance=balance)
+    run = jax.jit(lambda q, kv: mosaic_gpu.context_attention(q, kv, ctx_lens, word, **kw))
+    jax.block_until_ready(run(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan)))
+    o, lse = run(q, kv)
+    o_ref, lse_ref = mosaic_gpu.context_attention_xla(q.astype(jnp.float32), kv.astype(jnp.float32), ctx_lens,
+                                                      word, **kw)
+    assert_close(o, o_ref, TOL[jnp.bfloat16], "decode-form O")
+    lse, lse_ref = np.asarray(lse)[:, :rows], np.asarray(lse_ref)[:, :rows]
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(lse_ref))
+    seen = np.isfinite(lse_ref)
+    np.testing.assert_allclose(lse[seen], lse_ref[seen], atol=1e-3)
+
+
 _COMPILE_KERNEL = """
 import functools, sys
 import jax, jax.numpy as jnp
 from pallas_kernels.mla_attention import mosaic_gpu
 num_s, rows, slots, num_q, cluster, splits, balance = (int(a) for a in sys.argv[1:])
 words = 4 * -(-(mosaic_gpu.PAIR - 1 + num_q) // mosaic_gpu.PAIR)
+bits = (num_s,) if num_q == 1 else (num_s, words, rows)     # decode: the form prepare hands the kernel
 args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (((num_s, rows, 576), jnp.bfloat16),
-        ((num_s, slots, 576), jnp.bfloat16), ((num_s,), jnp.int32), ((num_s, words, rows), jnp.int32))]
+        ((num_s, slots, 576), jnp.bfloat16), ((num_s,), jnp.int32), (bits, jnp.int32))]
 run = functools.partial(mosaic_gpu.context_attention, num_q=num_q, scale=0.04, v_dim=512, cluster=cluster,
                         splits=splits, balance=bool(balance))
 jax.jit(run).trace(*args).lower().compile()

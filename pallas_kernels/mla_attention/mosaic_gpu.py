@@ -3,7 +3,8 @@
 The kernel (`context_attention`) walks each stream's keys in 128-key pairs: first the whole
 context pairs, then the tail pairs (the partial last pair of context and the Q tree tokens,
 at most 127 + Q keys), whose scores it masks with per-row bit words (`tail_words`, from the
-ancestor bitmask). `prepare` is the only XLA work before it: the query rows and the words.
+ancestor bitmask). `prepare` is the only XLA work before it: the query rows and the words (at
+plain decode none: the kernel masks the tail by the context length and the node's own bit).
 Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at Kimi-K2
 width) and walks the context in 64-key tiles; the latent tile serves as K (all Dk channels) and
 as V (its first v_dim). Three warpgroups:
@@ -109,7 +110,10 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     stored by Mosaic GPU's plain bulk copy, which is clipped only at the end of the whole array,
     so an [S, R] lse2 would take a partial block's extra rows into the next stream's first).
     W >= 4 * ceil(max(tail_tiles) / 2); set bits name keys below N
-    only (the tail's last tile may reach past N: TMA reads zeros there). Keys the bits leave out
+    only (the tail's last tile may reach past N: TMA reads zeros there). The decode form (num_q 1):
+    tail_bits [S] int32, the node's mask word, whose bit 0 says whether the node sees its own key
+    (tail key ctx_lens % 128); every row sees the context. The kernel then makes the mask itself
+    from the stream's context length, so a decode call has no XLA kernel before it (`prepare`). Keys the bits leave out
     must still hold finite values (the kernel multiplies them by probability 0). The tail walks
     ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: not
     loaded, not multiplied), as at plain decode, where the tail's one real key is in its first tile.
@@ -162,9 +166,14 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     if epilogue == "registers" and rows % BLOCK_Q:
         raise ValueError(f"context_attention: the registers epilogue needs rows={rows} a multiple of {BLOCK_Q} "
                          f"(its stores are not clipped)")
-    if tail_bits.shape[0] != num_s or tail_bits.shape[2] != blocks * BLOCK_Q or tail_bits.shape[1] % 4:
+    decode = tail_bits.ndim == 1        # the decode form: one word per stream, the mask made in the kernel
+    if decode and (num_q != 1 or tail_bits.shape != (num_s,)):
+        raise ValueError(f"context_attention: tail_bits of one word per stream (the decode form) must be [S={num_s}] "
+                         f"with num_q=1; got {tail_bits.shape} with num_q={num_q}")
+    if not decode and (tail_bits.ndim != 3 or tail_bits.shape[0] != num_s or tail_bits.shape[2] != blocks * BLOCK_Q
+                       or tail_bits.shape[1] % 4):
         raise ValueError(f"context_attention: tail_bits must be [S={num_s}, 4k, {blocks * BLOCK_Q}] int32 (R={rows} "
-                         f"rounded up to {BLOCK_Q}); got {tail_bits.shape}")
+                         f"rounded up to {BLOCK_Q}), or [S] with num_q=1; got {tail_bits.shape}")
     c = scale * math.log2(math.e)           # scores in log2 units: every exponential is an exp2
     row_layout = plmg.Layout.WGMMA.reduce(1)
     # plmg.load of an indexed ref: jax 0.10 requires an index argument, jax 0.11 deprecates it
@@ -214,6 +223,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             total = total_pairs(ctx_len, num_q)
             first, num_pairs = 0, total
         ctx_pairs, tail_tiles = tail_counts(ctx_len, num_q)
+        if decode:      # the tail keys below tail_seen: the rest of the context, then the node if its bit is set
+            tail_seen = ctx_len - PAIR * ctx_pairs + (bits_ref[s] & 1)
         odd = lax.rem(tail_tiles, 2)
         # The run's whole-context pairs come first, then its tail pairs (keys under the mask); the
         # run that ends the stream ends with half a pair when the tail has an odd number of tiles.
@@ -314,11 +325,14 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
 
             def tail_mask(sc, i):
                 """sc with -inf at the keys this consumer's i-th tail tile leaves out: tile
-                2 (tail_first + i) + w of the tail, its keys' bits in two words per row."""
+                2 (tail_first + i) + w of the tail, its keys' bits in two words per row (the
+                decode form: the tile's keys from tail_seen on)."""
+                col = plmg.layout_cast(lax.broadcasted_iota(jnp.int32, sc.shape, 1), plmg.Layout.WGMMA)
+                if decode:
+                    return jnp.where(col < tail_seen - (2 * (tail_first + i) + w) * BLOCK_K, sc, -jnp.inf)
                 word = 4 * (tail_first + i) + 2 * w
                 lo, hi = (lax.broadcast_in_dim(load(bits_ref.at[s, word + k, rows_here], layout=row_layout,
                                                          optimized=False), sc.shape, [0]) for k in (0, 1))
-                col = plmg.layout_cast(lax.broadcasted_iota(jnp.int32, sc.shape, 1), plmg.Layout.WGMMA)
                 bits = lax.shift_right_logical(jnp.where(col < 32, lo, hi), col & 31)
                 return jnp.where((bits & 1) != 0, sc, -jnp.inf)
 
@@ -489,6 +503,8 @@ def context_attention_xla(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: floa
     around the kernel."""
     del cluster
     num_s, rows = q.shape[:2]
+    if tail_bits.ndim == 1:     # the decode form: the node's mask word, for every row
+        tail_bits = decode_words(ctx_lens, tail_bits, rows)
     tail_bits = tail_bits[..., :rows]           # the kernel's rows rounded up to 64: the real ones
     pairs, tail_tiles = tail_counts(ctx_lens.astype(jnp.int32), num_q)
     c = scale * math.log2(math.e)
@@ -618,12 +634,25 @@ def tail_words(ctx_lens, node_mask, num_q: int):
     return lax.bitcast_convert_type(words, jnp.int32)
 
 
+def decode_words(ctx_lens, node_word, rows: int):
+    """context_attention's decode form (node_word [S] int32, the node's mask word) as per-row
+    words [S, 4, ceil(rows / 64) * 64] int32 (`tail_words`; zero past rows): what the kernel
+    computes from the context length, for its XLA twin and the A/B of the two forms."""
+    num_s = node_word.shape[0]
+    words = tail_words(ctx_lens.astype(jnp.int32), node_word.reshape(num_s, 1, 1), 1).swapaxes(1, 2)  # [S, W, 1]
+    per_row = jnp.broadcast_to(words, (num_s, words.shape[1], rows))
+    return jnp.pad(per_row, ((0, 0), (0, 0), (0, -rows % BLOCK_Q)))
+
+
 def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=None):
     """mla_attention_mosaic's XLA work before the kernel: q [S,Q,H,Dk] (heads_first: [S,H,Q,Dk]),
     kv [S,N,Dk], ctx_lens [S], node_mask [S,Q,ceil(Q/32)] -> context_attention's operands: q rows
     [S, R, Dk] with R = Q * H rounded up to ROW_ALIGN (no copy when H % 8 == 0: the kernel's last
     row block may be partial), kv with N rounded up to a multiple of 8 and at least PAIR, ctx_lens
-    [S] int32, tail_bits [S, W, ceil(R / 64) * 64] int32 (`tail_words` per row; zero past Q * H)."""
+    [S] int32, tail_bits [S, W, ceil(R / 64) * 64] int32 (`tail_words` per row; zero past Q * H),
+    or at Q 1 context_attention's decode form, node_mask [S] (the tail's mask made in the kernel:
+    the tail_words fusion was the one XLA kernel of a decode call, 1.0-1.1 us on the H200; decode
+    calls 0.9-3.3 us faster at 8k-32k S 1-16 but one, BENCHMARKS.md issue 5, session 50)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     num_s, a, b, dk = q.shape
@@ -641,6 +670,8 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     # count off a multiple of 8 (model.aligned_slots), or below 128, costs one padded copy.
     pad = max(-kv.shape[1] % 8, PAIR - kv.shape[1])
     kv_k = jnp.pad(kv, ((0, 0), (0, pad), (0, 0))) if pad > 0 else kv
+    if num_q == 1:      # decode: the node's mask word as it is, the kernel makes the mask (no XLA kernel here)
+        return q_pad, kv_k, ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32).reshape(num_s)
     words = tail_words(ctx_lens, lax.bitcast_convert_type(node_mask, jnp.int32), num_q)
     # Row r of the flattened query is node r % Q (heads first) or r // H: the node's words tiled
     # or repeated along the rows (a broadcast, no gather); padded rows see no tail key.
