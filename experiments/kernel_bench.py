@@ -82,8 +82,8 @@ flags.DEFINE_float("budget_s", 0, "if > 0, start no new implementation and T onc
                    "minutes at T >= 256)")
 flags.DEFINE_bool("trace", False, "also profile each timed implementation: device-busy time per "
                   "call, the span of the traced calls per call (busy plus idle gaps between kernels) "
-                  "and the kernels, over 16 calls after 8 in the same trace (GPU; separates device "
-                  "work from host dispatch)")
+                  "and the kernels, over 16 calls after 8 in the same trace (fewer for calls over 12 ms: "
+                  "trace_calls; GPU; separates device work from host dispatch)")
 
 
 # the two GEMM kernels of a traced moe call: raw Triton names, Pallas names
@@ -373,8 +373,8 @@ def _bench_moe(clocks) -> dict:
             for name, fn in cands:
                 row = {"impl": name, "T": t, "active_experts": active, "bytes": nbytes, "flops": flops,
                        "floor_s": floor}
-                # each phase's seconds, and a line as each starts: a run cut off by a shell timeout
-                # still shows where its time went
+                # each phase's seconds, and a line as the row starts and as each phase ends: a run cut
+                # off by a shell timeout still shows where its time went
                 phases, mark = row.setdefault("phase_s", {}), [time.perf_counter()]
                 print(f"-> {name} T={t}", flush=True)
 
@@ -382,6 +382,7 @@ def _bench_moe(clocks) -> dict:
                     now = time.perf_counter()
                     phases[label] = round(now - mark[0], 2)
                     mark[0] = now
+                    print(f"   {label} {phases[label]:.1f} s", flush=True)
                 try:
                     out = fn(xs[0], ids_all[0], w_all[0], ex)
                     ref = golden(np.asarray(xs[0].astype(jnp.float32)), ids_all[0], w_all[0])
@@ -409,7 +410,8 @@ def _bench_moe(clocks) -> dict:
                                pct_floor=100 * floor / sec)
                     # traced over the 4 inputs that `active` (the bytes) and the wall clock average
                     sets = [(xs[r], ids_all[r], w_all[r], ex) for r in range(4)]
-                    traced = (bench_util.traced_device_time(fn, calls=16, warm=8, arg_sets=sets)
+                    n = trace_calls(sec)
+                    traced = (bench_util.traced_device_time(fn, calls=n, warm=n // 2, arg_sets=sets)
                               if FLAGS.trace else None)
                     row["trace_clocks"] = clocks.window(*traced["host_window"]) if traced else {}
                     phase("trace")
@@ -447,6 +449,13 @@ def _bench_moe(clocks) -> dict:
                         load_bw * 1e12)
     return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0]),
             "scale_dtype": FLAGS.scale_dtype}
+
+
+def trace_calls(call_s: float) -> int:
+    """Calls --trace profiles (after half as many) for calls of call_s seconds each: 16, or as many
+    as take 0.2 s, at least 2. The xla path's call at T = 256 (80 ms) launches thousands of
+    kernels; 24 of them in one trace took over 300 s to export on the H200 (session 50)."""
+    return int(min(16, max(2, round(0.2 / call_s))))
 
 
 def skipped_row(impl: str, t: int, elapsed_s: float, budget_s: float) -> dict | None:
@@ -552,11 +561,12 @@ def _table(res: dict) -> str:
         elif "time_us" in r:
             gemms = " | ".join(f"{r[f'{p}_us']:.1f} ({r[f'{p}_pct_copy']:.1f})" if f"{p}_us" in r else ""
                                for p in ("gate_up", "down"))
+            glue = f"{r['glue_us']:.1f}" if "glue_us" in r else ""       # only beside the two GEMM kernels
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
                          f"{r['time_us']:.1f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | {r['pct_floor']:.1f} | "
                          f"{r['rel_err']:.1e} | {r.get('device_us', nan):.1f} | {r.get('span_us', nan):.1f} | "
                          f"{r.get('pct_copy_device', nan):.1f} | "
-                         f"{gemms} | {r.get('glue_us', nan):.1f} | {r.get('kernels', nan):.0f} | {_mhz(r)} |")
+                         f"{gemms} | {glue} | {r.get('kernels', nan):.0f} | {_mhz(r)} |")
         else:
             active = f"{r['active_experts']:.1f}" if "active_experts" in r else ""
             lines.append(f"| {r['T']} | {r['impl']} | {active} | | | | | | "

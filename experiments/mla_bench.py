@@ -20,6 +20,8 @@ config's time per shape, the fastest, and its speedup over the first config (the
       --parts    # where mosaic_gpu's time goes: XLA prep (query rows, tail words), kernel, combine
   python3 experiments/mla_bench.py --ctx=8192 --q=1 --streams=1,8 --impls=mosaic_gpu,xla --trace \
       --mosaic_splits=16,64    # device time per call and its kernels; mosaic_gpu at other run counts
+  python3 experiments/mla_bench.py --ctx=8192 --q=1 --streams=16 --impls=mosaic_gpu --trace \
+      --mosaic_decode_words    # decode: the kernel's own tail mask against XLA's per-row words
   python3 experiments/mla_bench.py --ctx=16384 --q=1,16 --streams=8,16 --impls=mosaic_gpu,xla --trace \
       --lengths=uniform,spread --mosaic_balance   # ragged contexts (same total) against uniform ones
   python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16,64,256 --streams=16,8,1 \
@@ -85,6 +87,9 @@ flags.DEFINE_bool("mosaic_balance", False, "with --impls=mosaic_gpu: also time i
                   "for --lengths=spread)")
 flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it with each of these merges of "
                   "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'pallas')")
+flags.DEFINE_bool("mosaic_decode_words", False, "with --impls=mosaic_gpu at Q 1: also time it with the tail's "
+                  "mask as per-row words made by XLA before the kernel (row 'mosaic_gpu words': the form "
+                  "before session 50) instead of the kernel's decode form")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wall clock "
                    "(bench_util.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
@@ -269,11 +274,18 @@ def mosaic_parts(args, scale: float, v_dim: int, context=None) -> dict:
     return out
 
 
+def words_context(q, kv, ctx_lens, node_word, **kw):
+    """mosaic_gpu.context_attention with a decode call's mask as per-row words, made by XLA before
+    the kernel (one more small kernel), instead of in the kernel from the context length."""
+    return mosaic_gpu.context_attention(q, kv, ctx_lens, mosaic_gpu.decode_words(ctx_lens, node_word, q.shape[1]),
+                                        **kw)
+
+
 def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=None,
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
                   in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), mosaic_balance=False,
-                  lengths=("uniform",), warm_s=0.0, clocks=None, max_sets=8, load_s=0.0, idle_s=2.0,
-                  log=print) -> list[dict]:
+                  mosaic_decode_words=False, lengths=("uniform",), warm_s=0.0, clocks=None, max_sets=8,
+                  load_s=0.0, idle_s=2.0, log=print, on_row=None) -> list[dict]:
     """Time every (ctx, Q, S, lengths) shape; returns one dict per (shape, implementation or config).
 
     The cache has aligned_slots(longest context + Q) slots, as engine.setup allocates; each
@@ -283,6 +295,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     mosaic_splits: with "mosaic_gpu" in impls, also rows "mosaic_gpu sN" split into N runs.
     mosaic_merges: likewise rows "mosaic_gpu merge=M" (mosaic_gpu.MERGES) at the default run count.
     mosaic_balance: likewise a row "mosaic_gpu balanced" (mla_attention_mosaic(balance=True)).
+    mosaic_decode_words: likewise at Q 1 a row "mosaic_gpu words", the kernel given the tail's mask
+    as per-row words made by XLA (`words_context`) instead of in its decode form.
 
     warm_s > 0: that many seconds of back-to-back calls before each wall clock (bench_util.sustain).
     clocks: a bench_util.GpuClocks; each row gets the SM clock of its wall-clock and traced windows
@@ -296,6 +310,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     matmul_load (sustained_copy / sustained_matmul) in the same regime where given, else the run's.
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
     (mosaic_parts).
+    on_row: called with the rows so far after each row (main writes --out there, so a run cut off
+    by a shell timeout keeps every finished row).
     """
     configs = configs or {"auto": None}
     ceilings = ceilings or bench_util.measure_ceilings()
@@ -333,6 +349,9 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
             if mosaic_balance:
                 fns["mosaic_gpu balanced"] = jax.jit(
                     lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, balance=True))
+            if mosaic_decode_words and num_q == 1:
+                fns["mosaic_gpu words"] = jax.jit(
+                    lambda *a: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, context=words_context))
             for m in mosaic_merges:
                 fns[f"mosaic_gpu merge={m}"] = jax.jit(
                     lambda *a, m=m: mosaic_gpu.mla_attention_mosaic(*a, scale=scale, v_dim=v_dim, merge=m))
@@ -387,6 +406,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                 row["error"] = f"{type(e).__name__}: {_short(e)}"
             rows.append(row)
             log(_fmt(row))
+            if on_row is not None:
+                on_row(rows)
         del args, ref
     return rows
 
@@ -425,6 +446,9 @@ def _fmt(r: dict) -> str:
     if "device_ms" in r:
         graph += (f" device {r['device_ms']:.3f} ms {r['device_pct_floor']:.1f}% ({r['kernels']:.0f} kernels: "
                   + ", ".join(f"{k['name'][:24]} {k['us']:.1f}" for k in r["top_kernels"][:4]) + " us)")
+    for regime in ("burst", "sustained"):
+        if (us := r.get("load", {}).get(f"{regime}_us")):
+            graph += f" {regime} {us:.1f} us {r[f'{regime}_pct_floor']:.1f}%"
     return (f"{head} {r['ms']:9.3f} ms  floor {r['floor_ms']:8.3f} ms  {r['pct_floor']:5.1f}% "
             f"{r['tflops']:6.1f} TF/s{graph}{err}")
 
@@ -533,18 +557,22 @@ def _main(clocks):
     print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs, tuple(FLAGS.impls))
     print("golden rel err", json.dumps(golden))
+
+    def write(rows):
+        if FLAGS.out:
+            with open(FLAGS.out, "w") as f:
+                json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,
+                           "device": jax.devices()[0].device_kind, "jax": jax.__version__}, f, indent=1)
     rows = run_mla_bench([int(x) for x in FLAGS.ctx], [int(x) for x in FLAGS.q],
                          [int(x) for x in FLAGS.streams], heads=FLAGS.heads, dk=FLAGS.dk,
                          v_dim=FLAGS.v_dim, configs=configs, impls=tuple(FLAGS.impls), ceilings=ceilings,
                          budget_s=FLAGS.budget_s, parts=FLAGS.parts, in_graph=FLAGS.in_graph,
                          trace=FLAGS.trace, mosaic_splits=[int(n) for n in FLAGS.mosaic_splits],
                          mosaic_merges=FLAGS.mosaic_merges, mosaic_balance=FLAGS.mosaic_balance,
+                         mosaic_decode_words=FLAGS.mosaic_decode_words,
                          lengths=tuple(FLAGS.lengths), warm_s=FLAGS.warm_s, clocks=clocks,
-                         load_s=FLAGS.load_s, idle_s=FLAGS.idle_s)
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,
-                       "device": jax.devices()[0].device_kind, "jax": jax.__version__}, f, indent=1)
+                         load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, on_row=write)
+    write(rows)
     print(table(rows))
     if any("load" in r for r in rows):
         print(regimes_table(rows, ceilings))

@@ -170,7 +170,7 @@ failed = dict(impl='ragged_dot', T=256, active_experts=381.8, error='XlaRuntimeE
 lines = _table({'rows': [row, xla, failed]}).splitlines()
 assert len({ln.count('|') for ln in lines}) == 1, lines          # every row has every column
 assert '| 760.0 | 771.5 | 84.9 | 500.0 (80.0) | 250.0 (80.0) | 10.0 | 16 | 1620 / 1980 |' in lines[2], lines[2]
-assert '| nan | nan | nan |  |  | nan | nan |  |' in lines[3], lines[3]
+assert '| nan | nan | nan |  |  |  | nan |  |' in lines[3], lines[3]     # no GEMM kernels: no glue either
 assert 'RESOURCE_EXHAUSTED' in lines[4], lines[4]
 row.update(floor_s=645e-6, burst_pct_copy=88.7, sustained_pct_copy=79.4,
            load=dict(burst_us=726.7, sustained_us=812.1, burst_clocks=dict(sm_mhz=1980.0), sustained_clocks={}))
@@ -191,7 +191,8 @@ print('ok')
 
 
 BUDGET_CHECK = """
-from experiments.kernel_bench import skipped_row, _table
+from experiments.kernel_bench import skipped_row, trace_calls, _table
+assert [trace_calls(s) for s in (1e-4, 0.0125, 0.04, 0.08, 2.0)] == [16, 16, 5, 2, 2]   # 0.2 s of calls, 2-16
 assert skipped_row('xla', 256, 400.0, 0) is None              # no budget
 assert skipped_row('xla', 256, 299.0, 300.0) is None          # within it
 row = skipped_row('bf16_weights', 4096, 301.4, 300.0)
@@ -205,7 +206,8 @@ print('ok')
 
 def test_budget_skips_rows_and_keeps_the_table():
     """--budget_s: past it, an implementation and T become a row that says it was skipped, which
-    the table prints with every column (so a run cut short still writes its tables)."""
+    the table prints with every column (so a run cut short still writes its tables); --trace
+    profiles fewer calls of the slow baselines (trace_calls)."""
     _check(BUDGET_CHECK)
 
 
@@ -219,10 +221,13 @@ MLA_CHECK = """
 from experiments import mla_bench
 from pallas_kernels.mla_attention import two_pass
 tp = two_pass.TwoPassConfig(32, 32, 4, 2, 16, 16, 16, 4, 2)
+seen = []
 rows = mla_bench.run_mla_bench([70], [5], [2], heads=2, dk=48, v_dim=32, configs={'auto': None, tp.name: tp},
                                ceilings={'copy_tbps': 1.0, 'matmul_tflops_xla': 1.0, 'matmul_tflops_torch': 1.0},
                                parts=True, impls=('pallas_triton', 'xla', 'auto'), in_graph=True,
-                               trace=True, lengths=('uniform', 'spread'), max_sets=2, log=lambda _: None)
+                               trace=True, lengths=('uniform', 'spread'), max_sets=2, log=lambda _: None,
+                               on_row=lambda so_far: seen.append(len(so_far)))
+assert seen == list(range(1, 9)), seen                # called after every row, with the rows so far
 assert mla_bench.stream_contexts(70, 2, 'spread') == [35, 105]
 assert {r['lengths'] for r in rows} == {'uniform', 'spread'} and len(rows) == 8
 spread = [r for r in rows if r['lengths'] == 'spread']
