@@ -15,7 +15,9 @@ dtype. The grid gives the GPU enough programs even for one stream (8 rows x 64 o
 That form ("rows") walks the runs in series, one warp per program, so at 132 runs XLA's reductions
 beat it. form="parts" (`_kernel_parts`) makes one online pass over [kc, 8, BC] tiles with several
 warps, so more parts are in flight at once. `form_for` picks per run count, from the H200 timings
-(BENCHMARKS.md, issue 5, sessions 26-28).
+(BENCHMARKS.md, issue 5, sessions 26-28). "rows" in one pass (each step's lse2 and O loaded
+together, the sums rescaled online) tied at 8k decode S 16 and was 30-33% slower at 16 parts a
+step or with balance (session 51).
 """
 
 from __future__ import annotations

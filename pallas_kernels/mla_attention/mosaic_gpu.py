@@ -43,7 +43,8 @@ fixed cost (session 29: 8k decode S 16 at 66% of the floor, 54 us, of which the 
 `prepare` are 4.3 us; 8k decode S 1 at 16%, 14 us, the kernel 9). The CTA timeline of session
 30 (`timeline=True`) splits the kernel's part: 1.6-2.5 us outside the CTAs (launch, last
 stores), ~1.1 until Q arrives, ~2 of epilogue, and the runs' uneven ends: at a context of exactly
-8k keys the run holding the one extra tail tile ends 2-3 us after the others.
+8k keys the run holding the one extra tail tile ends 2-3 us after the others (taking that
+half pair first instead was 18-28% slower at Q 16-64 and no faster at decode: session 51).
 Merging the runs inside the kernel across a thread-block cluster instead was 3-6% slower with
 2-4 runs and 1.8-2x slower with 8 (session 28: each CTA waits for its cluster's slowest run;
 clusters of 8 full-SM CTAs do not all co-reside). impl="auto" takes this kernel on a Hopper GPU
