@@ -43,8 +43,11 @@ fixed cost (session 29: 8k decode S 16 at 66% of the floor, 54 us, of which the 
 `prepare` are 4.3 us; 8k decode S 1 at 16%, 14 us, the kernel 9). The CTA timeline of session
 30 (`timeline=True`) splits the kernel's part: 1.6-2.5 us outside the CTAs (launch, last
 stores), ~1.1 until Q arrives, ~2 of epilogue, and the runs' uneven ends: at a context of exactly
-8k keys the run holding the one extra tail tile ends 2-3 us after the others (taking that
-half pair first instead was 18-28% slower at Q 16-64 and no faster at decode: session 51).
+8k keys the run holding the one extra tail tile ended 2-3 us after the others. Since session 51
+a run takes that tile (half a pair) first, from key slot 1, so its softmax overlaps the first
+pair's loads: 8k decode S 16 52.7 -> 49.9 us, S 8 36.2 -> 34.5, 32k Q 1 S 16 and Q 16 S 1 1.3-1.4%
+less, 8k Q 16 S 16 0.5% more. Taken first from slot 0, every later pair's first-scored tile was
+loaded last, 18-28% slower at Q 16-64 (BENCHMARKS.md, issue 5, session 51).
 Merging the runs inside the kernel across a thread-block cluster instead was 3-6% slower with
 2-4 runs and 1.8-2x slower with 8 (session 28: each CTA waits for its cluster's slowest run;
 clusters of 8 full-SM CTAs do not all co-reside). impl="auto" takes this kernel on a Hopper GPU
@@ -116,8 +119,9 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     (tail key ctx_lens % 128); every row sees the context. The kernel then makes the mask itself
     from the stream's context length, so a decode call has no XLA kernel before it (`prepare`). Keys the bits leave out
     must still hold finite values (the kernel multiplies them by probability 0). The tail walks
-    ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: not
-    loaded, not multiplied), as at plain decode, where the tail's one real key is in its first tile.
+    ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: the
+    second is not loaded, not multiplied), as at plain decode, where the tail's one real key is in
+    its first tile; the run holding it takes it before its other pairs.
     splits > 1 (flash-decoding, for shapes with too few row blocks to fill the GPU) gives each row
     block W = S * splits CTAs: CTA f = s * splits + k is run k of stream s (balance False; past
     one wave, R / 64 * W > FILL_CTAS, each run's row blocks are launched together, so that they
@@ -227,8 +231,9 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
         if decode:      # the tail keys below tail_seen: the rest of the context, then the node if its bit is set
             tail_seen = ctx_len - PAIR * ctx_pairs + (bits_ref[s] & 1)
         odd = lax.rem(tail_tiles, 2)
-        # The run's whole-context pairs come first, then its tail pairs (keys under the mask); the
-        # run that ends the stream ends with half a pair when the tail has an odd number of tiles.
+        # The run's whole-context pairs, then its tail pairs (keys under the mask). When the tail
+        # has an odd number of tiles, the run that ends the stream also has half a pair, the tail's
+        # last tile, which it takes first, from slot 1 (`tile_keys`, `slot_of`).
         plain = jnp.maximum(jnp.minimum(ctx_pairs - first, num_pairs), 0)
         half_tail = jnp.where((first + num_pairs == total) & (num_pairs > 0), odd, 0)
         masked = num_pairs - plain - half_tail         # the run's whole tail pairs
@@ -240,7 +245,13 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                 _stamp(times_ref.at[s_grid, block, split], TIMELINE.index(point))
 
         def tile_keys(j):
-            return kv_ref.at[s, pl.ds((2 * first + j) * BLOCK_K, BLOCK_K)]
+            """The keys of the run's j-th load: with half a pair, that tile, then the others in order."""
+            tile = jnp.where(half_tail == 1, jnp.where(j == 0, num_tiles - 1, j - 1), j)
+            return kv_ref.at[s, pl.ds((2 * first + tile) * BLOCK_K, BLOCK_K)]
+
+        def slot_of(j):
+            """The key slot of the run's j-th load: every pair's first tile in slot 0 (consumer 0's)."""
+            return lax.rem(j + half_tail, 2)
 
         @pl.when(wg == 2)
         def _producer():
@@ -248,12 +259,13 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             plmg.copy_gmem_to_smem(q_ref.at[s, pl.ds(r0, BLOCK_Q)], q_smem.at[0], q_bar)
 
             def load(j):
-                slot = lax.rem(j, 2)
+                slot = slot_of(j)
                 plmg.barrier_wait(k_free.at[slot])
                 plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[slot], k_full.at[slot])
 
             def prefetch(j):
-                plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[j], k_full.at[j])
+                slot = slot_of(j)
+                plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[slot], k_full.at[slot])
 
             with jax.named_scope("loads"):
                 for j in range(2):
@@ -275,11 +287,12 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             if w == 0:
                 stamp("q_ready")
 
-            def scores(mine):
-                plmg.barrier_wait(k_full.at[w])
+            def scores(mine, slot, bar: int):
+                """Q K^T over the tile in key slot `slot` (its barriers: index bar)."""
+                plmg.barrier_wait(k_full.at[bar])
 
                 def run(s_ref):
-                    plmg.wgmma(s_ref, q_smem.at[mine - w], k_smem.at[mine].transpose((1, 0)))
+                    plmg.wgmma(s_ref, q_smem.at[mine - w], k_smem.at[slot].transpose((1, 0)))
                     return s_ref[...]
                 return pl.run_scoped(run, plmg.ACC((BLOCK_Q, BLOCK_K), jnp.float32))
 
@@ -301,17 +314,18 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                 leave every key of a row out)."""
                 return jnp.where(m == -jnp.inf, 0.0, m)
 
-            def take_other(acc, m, l, mine, tail: bool):
-                """Fold in the other consumer's latest tile: its P and row max from shared memory."""
+            def take_other(acc, m, l, mine, tail: bool, slot, bar: int):
+                """Fold in the other consumer's latest tile (in key slot `slot`, barriers bar):
+                its P and row max from shared memory."""
                 plmg.barrier_wait(p_ready.at[other])
                 m_new = load(stat_smem.at[other], layout=row_layout)
                 acc, l = rescale(acc, l, m, finite(m_new) if tail else m_new)
-                plmg.barrier_wait(k_full.at[other])
-                return pv(acc, p_smem.at[mine - w], 1 - mine, other), m_new, l
+                plmg.barrier_wait(k_full.at[bar])
+                return pv(acc, p_smem.at[mine - w], slot, bar), m_new, l
 
-            def own_tile(acc, m, l, sc, mine, tail: bool):
-                """Softmax of this consumer's scores sc (log2 units); publish P and the row max;
-                P @ V half."""
+            def own_tile(acc, m, l, sc, mine, tail: bool, slot, bar: int):
+                """Softmax of this consumer's scores sc (log2 units) of the tile in key slot
+                `slot`; publish P and the row max; P @ V half."""
                 m_new = jnp.maximum(m, sc.max(axis=1))
                 m_ref = finite(m_new) if tail else m_new
                 acc, l = rescale(acc, l, m, m_ref)
@@ -322,7 +336,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                 stat_smem[w] = m_new
                 plmg.commit_smem()
                 plmg.barrier_arrive(p_ready.at[w])
-                return pv(acc, p16, mine, w), m_new, l
+                return pv(acc, p16, slot, bar), m_new, l
 
             def tail_mask(sc, i):
                 """sc with -inf at the keys this consumer's i-th tail tile leaves out: tile
@@ -338,7 +352,9 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                 return jnp.where((bits & 1) != 0, sc, -jnp.inf)
 
             def step(tail: bool, half_pair: bool = False):
-                """One pair of tiles (half_pair: only the first, scored by consumer 0)."""
+                """One pair of tiles (half_pair: one tile in slot 1, scored by consumer 0, which
+                then waits until consumer 1 has taken it: the next pair's P and row max go to
+                the same shared memory)."""
                 def run(i, carry):
                     # Consumer 0 scores tile 2i, then folds in tile 2i + 1; consumer 1 scores
                     # tile 2i + 1 while consumer 0 runs its softmax, then folds in tile 2i.
@@ -352,22 +368,28 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                     # registers left beside the accumulator: ptxas spilled them, and more so in
                     # some builds).
                     mine = slot_smem[w]
-                    if half_pair:
+                    if half_pair:       # slot 1: 1 - mine for consumer 0, mine for consumer 1
                         if w == 1:
-                            return take_other(acc, m, l, mine, tail)
-                        return own_tile(acc, m, l, tail_mask(scores(mine) * c, i), mine, tail)
-                    sc = scores(mine) * c
+                            carry = take_other(acc, m, l, mine, tail, mine, 1)
+                            plmg.barrier_arrive(p_ready.at[1])
+                            return carry
+                        sc = tail_mask(scores(mine, 1 - mine, 1) * c, i)
+                        carry = own_tile(acc, m, l, sc, mine, tail, 1 - mine, 1)
+                        plmg.barrier_wait(p_ready.at[1])
+                        return carry
+                    own, theirs = (mine, w), (1 - mine, other)      # (slot, barrier index)
+                    sc = scores(mine, *own) * c
                     if tail:
                         sc = tail_mask(sc, i)
                     if w == 0:
-                        return take_other(*own_tile(acc, m, l, sc, mine, tail), mine, tail)
-                    return own_tile(*take_other(acc, m, l, mine, tail), sc, mine, tail)
+                        return take_other(*own_tile(acc, m, l, sc, mine, tail, *own), mine, tail, *theirs)
+                    return own_tile(*take_other(acc, m, l, mine, tail, *theirs), sc, mine, tail, *own)
                 return run
 
             def finish(acc, m, l):
                 """The two consumers' row sums added; O normalised and written; lse (consumer 0)."""
                 # Row 1 (consumer 1's row max) is free once consumer 0 has taken consumer 1's
-                # last tile (after a half pair consumer 1 may still be reading row 0).
+                # last tile; consumer 1 has read row 0 (consumer 0's) by then.
                 own_row, their_row = (1, 2) if w == 0 else (2, 1)
                 with jax.named_scope("sums"):
                     stat_smem[own_row] = l
@@ -412,11 +434,14 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             l0 = plmg.layout_cast(jnp.full((BLOCK_Q,), 0.0, jnp.float32), row_layout)
             acc0 = plmg.layout_cast(jnp.full((BLOCK_Q, half), 0.0, jnp.float32), plmg.Layout.WGMMA)
             # Named scopes: the phases Mosaic GPU's profiler records (context_attention(profile_dir=)).
+            # Half a pair first: last, the run would end on one consumer's softmax with no load in
+            # flight; first, that softmax overlaps the loads of the first pair.
+            with jax.named_scope("half_pair"):
+                carry = lax.fori_loop(masked, masked + half_tail, step(True, half_pair=True), (acc0, m0, l0))
             with jax.named_scope("context"):
-                carry = lax.fori_loop(0, plain, step(False), (acc0, m0, l0))
+                carry = lax.fori_loop(0, plain, step(False), carry)
             with jax.named_scope("tail"):
-                carry = lax.fori_loop(0, masked, step(True), carry)
-                acc, m, l = lax.fori_loop(masked, masked + half_tail, step(True, half_pair=True), carry)
+                acc, m, l = lax.fori_loop(0, masked, step(True), carry)
             stamp("loops_done" if w == 0 else "loops_done_1")
             with jax.named_scope("epilogue"):
                 finish(acc, m, l)
