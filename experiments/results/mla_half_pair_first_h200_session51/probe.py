@@ -1,18 +1,21 @@
 """Session 51 (BENCHMARKS.md issue 5; logs beside it): mosaic_gpu taking a run's half pair (its
 tail's last tile, when the tail has an odd number of tiles) first instead of last, as main does.
 The idea: last, one consumer's softmax of that tile runs with no load in flight; first, it would
-overlap the next tiles' loads. Rejected: 25-28% slower at Q 16 and 64, decode unchanged (probe8k.log;
-no spills in the GPU tests, cause not isolated). The variant is main's mosaic_gpu.py (as at
-25f0be8) with half_pair_first.diff applied, loaded here without registering; in the run, main's
-module is labelled "last (25f0be8)". Whole mla_attention_mosaic calls (prepare, kernel, merge) at
+overlap the next tiles' loads. Rejected: 18-28% slower at Q 16 and 64, decode unchanged (probe8k.log;
+no spills in the GPU tests): every later pair had its first-scored tile in the slot the producer
+fills second. main since session 51 takes the half pair first from slot 1 instead
+(mla_half_pair_slot1_h200_session51/). Both modules are loaded here from files, without
+registering: 25f0be8's mosaic_gpu.py ("last (25f0be8)", main's when this ran) and it with
+half_pair_first.diff applied ("first"). Whole mla_attention_mosaic calls (prepare, kernel, merge) at
 the goal shapes whose runs hold half a pair (ctx 8k / 32k, Q 1 / 16 / 64, S 1 / 8 / 16: tail tiles
 1), device time from a profiler trace of 20 calls after 4, A / B / A / B; each variant's output
 checked against the xla implementation first. The cache has ctx + Q + 64 slots, not the model's
 aligned count, so each call also pads it (loop_pad_fusion, in both variants alike).
-  cp pallas_kernels/mla_attention/mosaic_gpu.py /tmp/first.py
+  git show 25f0be8:pallas_kernels/mla_attention/mosaic_gpu.py > /tmp/last.py
+  cp /tmp/last.py /tmp/first.py
   patch /tmp/first.py experiments/results/mla_half_pair_first_h200_session51/half_pair_first.diff
-  python3 experiments/results/mla_half_pair_first_h200_session51/probe.py /tmp/first.py [8192,32768]
-(the optional second argument: the contexts, comma-separated; the run: s51b.sh, 8192 only).
+  python3 experiments/results/mla_half_pair_first_h200_session51/probe.py /tmp/last.py /tmp/first.py [8192,32768]
+(the optional third argument: the contexts, comma-separated; the run: s51b.sh, 8192 only).
 """
 import functools
 import sys
@@ -23,19 +26,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import bench_util
-from pallas_kernels.mla_attention import mla_attention, mosaic_gpu, visibility_to_mask
+from pallas_kernels.mla_attention import mla_attention, visibility_to_mask
 
 CONTEXTS = (8192, 32768)
 
 
 def load_module(path):
-    """The module at path without its registry decorators (main's already hold the names)."""
+    """The module at path without its registry decorators (main's module already holds the names)."""
     src = open(path).read()
     for deco in ('@registry.register("mla_attention", "mosaic_gpu", supports=supports)\n',
                  '@registry.chooser("mla_attention")\n'):
         assert src.count(deco) == 1, deco
         src = src.replace(deco, "")
-    module = types.ModuleType("mosaic_gpu_half_pair_first")
+    module = types.ModuleType(f"mosaic_gpu_{len(path)}_{abs(hash(path))}")
     exec(compile(src, path, "exec"), module.__dict__)
     return module
 
@@ -46,10 +49,10 @@ def rel(got, want):
 
 
 def main(argv):
-    first = load_module(argv[1])
-    contexts = [int(c) for c in argv[2].split(",")] if len(argv) > 2 else CONTEXTS
+    last, first = load_module(argv[1]), load_module(argv[2])
+    contexts = [int(c) for c in argv[3].split(",")] if len(argv) > 3 else CONTEXTS
     shapes = [(ctx, q, s) for ctx in contexts for q in (1, 16, 64) for s in (16, 8, 1)]
-    variants = {"last (25f0be8)": mosaic_gpu.mla_attention_mosaic, "first": first.mla_attention_mosaic}
+    variants = {"last (25f0be8)": last.mla_attention_mosaic, "first": first.mla_attention_mosaic}
     rng = np.random.default_rng(51)
     h, dk, v = 64, 576, 512
     scale = dk ** -0.5
