@@ -114,6 +114,23 @@ def test_part_order_is_longest_run_first_and_stable():
         assert [int(f) for f in runs.part_order(jnp.asarray(ctx), num_q, width)] == want, (ctx, num_q, width)
 
 
+def test_load_schedule_loads_every_pair_first_tile_first():
+    """runs.load_schedule: each tile of a run loaded once; consecutive loads alternate the two
+    slots (the producer's ring); with half a pair, that tile (the last) first, in slot 1; every
+    whole pair after it in order, its first tile (consumer 0's) in slot 0 and loaded first."""
+    for num_tiles in range(1, 10):
+        for half_tail in ((0, 1) if num_tiles % 2 else (0,)):
+            got = [tuple(int(x) for x in runs.load_schedule(j, num_tiles, half_tail)) for j in range(num_tiles)]
+            tiles, slots = zip(*got)
+            assert sorted(tiles) == list(range(num_tiles)), got
+            assert all(slots[j] != slots[j + 1] for j in range(num_tiles - 1)), got
+            if half_tail:
+                assert got[0] == (num_tiles - 1, 1), got
+            pairs = got[half_tail:]
+            assert all(pairs[k] == (pairs[0][0] + k, k % 2) for k in range(len(pairs))), got
+            assert pairs[:1] in ([], [(0, 0)]), got
+
+
 @pytest.mark.parametrize("balance", [True, False])
 @pytest.mark.parametrize("form", merge.FORMS)
 @pytest.mark.parametrize("ctx,num_q,splits,r,v,kc,br,dtype", [

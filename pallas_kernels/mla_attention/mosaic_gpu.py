@@ -71,8 +71,8 @@ from jax import lax
 
 from pallas_kernels import registry
 from pallas_kernels.mla_attention.merge import merge_splits
-from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, part_order, part_runs, pick, run_bounds, run_of,
-                                               stream_order, tail_counts, total_pairs)
+from pallas_kernels.mla_attention.runs import (BLOCK_K, PAIR, load_schedule, part_order, part_runs, pick,
+                                               run_bounds, run_of, stream_order, tail_counts, total_pairs)
 
 BLOCK_Q = 64        # query rows per CTA: one warpgroup's wgmma M
 ROW_ALIGN = 8       # query rows a multiple of this (TMA's (8, 64) tiles; the merge's 8-row programs)
@@ -233,7 +233,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
         odd = lax.rem(tail_tiles, 2)
         # The run's whole-context pairs, then its tail pairs (keys under the mask). When the tail
         # has an odd number of tiles, the run that ends the stream also has half a pair, the tail's
-        # last tile, which it takes first, from slot 1 (`tile_keys`, `slot_of`).
+        # last tile, which it takes first, from slot 1 (`runs.load_schedule`).
         plain = jnp.maximum(jnp.minimum(ctx_pairs - first, num_pairs), 0)
         half_tail = jnp.where((first + num_pairs == total) & (num_pairs > 0), odd, 0)
         masked = num_pairs - plain - half_tail         # the run's whole tail pairs
@@ -244,14 +244,8 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             if timeline:
                 _stamp(times_ref.at[s_grid, block, split], TIMELINE.index(point))
 
-        def tile_keys(j):
-            """The keys of the run's j-th load: with half a pair, that tile, then the others in order."""
-            tile = jnp.where(half_tail == 1, jnp.where(j == 0, num_tiles - 1, j - 1), j)
+        def tile_keys(tile):
             return kv_ref.at[s, pl.ds((2 * first + tile) * BLOCK_K, BLOCK_K)]
-
-        def slot_of(j):
-            """The key slot of the run's j-th load: every pair's first tile in slot 0 (consumer 0's)."""
-            return lax.rem(j + half_tail, 2)
 
         @pl.when(wg == 2)
         def _producer():
@@ -259,13 +253,13 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             plmg.copy_gmem_to_smem(q_ref.at[s, pl.ds(r0, BLOCK_Q)], q_smem.at[0], q_bar)
 
             def load(j):
-                slot = slot_of(j)
+                tile, slot = load_schedule(j, num_tiles, half_tail)
                 plmg.barrier_wait(k_free.at[slot])
-                plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[slot], k_full.at[slot])
+                plmg.copy_gmem_to_smem(tile_keys(tile), k_smem.at[slot], k_full.at[slot])
 
             def prefetch(j):
-                slot = slot_of(j)
-                plmg.copy_gmem_to_smem(tile_keys(j), k_smem.at[slot], k_full.at[slot])
+                tile, slot = load_schedule(j, num_tiles, half_tail)
+                plmg.copy_gmem_to_smem(tile_keys(tile), k_smem.at[slot], k_full.at[slot])
 
             with jax.named_scope("loads"):
                 for j in range(2):

@@ -1,7 +1,8 @@
 """How the Mosaic GPU kernel walks a stream's keys, and how split calls share their CTAs out.
 
 The kernel walks each stream's keys in 128-key pairs: its whole context pairs, then the tail
-pairs (the last ctx % 128 context keys and the Q tree tokens, in 64-key tiles). With too few row
+pairs (the last ctx % 128 context keys and the Q tree tokens, in 64-key tiles; a run that ends
+in half a pair loads and takes that tile first: `load_schedule`). With too few row
 blocks to fill the GPU, the W CTAs of each row block are shared out among the streams as runs of
 consecutive pairs (`run_schedule`), in proportion to the pairs each stream walks: with ragged
 contexts a long stream gets more runs, so every run walks about U / W of the U pairs in all
@@ -47,6 +48,18 @@ def run_bounds(total, runs, k):
     per, rem = lax.div(total, runs), lax.rem(total, runs)
     extra = jnp.maximum(k - (runs - rem), 0)
     return k * per + extra, per + (k >= runs - rem).astype(per.dtype)
+
+
+def load_schedule(j, num_tiles, half_tail):
+    """(tile, key slot) of a run's j-th key load, for a run of num_tiles 64-key tiles that ends in
+    half a pair when half_tail is 1 (its tail's odd last tile). Without: tile j into slot j % 2.
+    With: that last tile first, into slot 1, then tiles 0 .. num_tiles - 2 in order, tile t into
+    slot t % 2. Either way every whole pair's first tile, which consumer 0 scores first, lies in
+    slot 0 and is loaded before the pair's second. (Loading the half pair into slot 0 instead left
+    each later pair's first-scored tile loaded second, waiting on the slot freed last: 18-28%
+    slower on the H200; BENCHMARKS.md issue 5, session 51.) Python or traced ints."""
+    tile = jnp.where(half_tail == 1, jnp.where(j == 0, num_tiles - 1, j - 1), j)
+    return tile, lax.rem(j + half_tail, 2)
 
 
 def _weights(totals: list) -> tuple[list, object]:
