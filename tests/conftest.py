@@ -11,6 +11,12 @@ from importlib import metadata
 _JAXLIB = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", metadata.version("jaxlib")).groups())
 _FLAGS = " --xla_backend_optimization_level=0" + (" --xla_cpu_use_fusion_emitters=false" if _JAXLIB < (0, 11) else "")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + _FLAGS).strip()
+# pytest-xdist workers on one GPU (`pytest -m gpu -n 4`): each would otherwise reserve 75% of its
+# memory at start. The GPU tests' compiles and float64 goldens are CPU-bound: 4 pytest processes
+# side by side on the H200 ran 26 Mosaic GPU cases in 102 s, 20-25 s each alone (BENCHMARKS.md,
+# issue 5, session 52).
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 

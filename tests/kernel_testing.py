@@ -13,10 +13,11 @@ from pallas_kernels.mla_attention.mosaic_gpu import is_hopper
 
 
 def runnable_impls(op: str) -> list:
-    """pytest params for every registered implementation of `op`; GPU-only ones skip off the GPU."""
+    """pytest params for every registered implementation of `op`; GPU-only ones carry the `gpu`
+    marker and skip off the GPU."""
     out = []
     for impl in registry.implementations(op):
-        marks = []
+        marks = [pytest.mark.gpu] if impl in ("triton", "mosaic_gpu") else []
         if impl == "triton" and jax.default_backend() != "gpu":
             marks.append(pytest.mark.skip(reason="raw Triton (jax-triton) needs a GPU"))
         if impl == "mosaic_gpu" and not is_hopper():

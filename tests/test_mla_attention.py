@@ -382,6 +382,7 @@ GPU_CASES = [  # (id, S, Q, H, N, ctx, config): K2 widths (Dk 512 + 64), bf16
 ]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="compiled kernels at K2 sizes: GPU only")
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"case{c[0]}")
 def test_gpu_k2_shapes(case):
@@ -714,6 +715,7 @@ MOSAIC_GPU_CASES = [  # (id, S, Q, H, N, ctx): K2 widths, bf16
 ]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("case", MOSAIC_GPU_CASES, ids=lambda c: f"case{c[0]}")
 def test_gpu_mosaic_k2_shapes(case):
@@ -731,6 +733,7 @@ def test_gpu_mosaic_k2_shapes(case):
         assert_close(lay(out), ref, TOL[jnp.bfloat16], f"case {cid} heads_first={heads_first} apart={apart}")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("case", [c for c in MOSAIC_GPU_CASES if c[1] > 1], ids=lambda c: f"case{c[0]}")
 def test_gpu_mosaic_balanced(case):
@@ -767,6 +770,7 @@ CONTEXT_CASES = [  # (rows, cluster, ctx_lens, Q, splits, epilogue): pairs 0-64,
     (200, 2, [0, 130, 996, 8192], 25, 1, "tma")]       # partial last row blocks
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("rows,cluster,ctx,num_q,splits,epilogue,balance",
                          [c + (False,) for c in CONTEXT_CASES]
@@ -814,6 +818,7 @@ def test_gpu_mosaic_context_kernel(rows, cluster, ctx, num_q, splits, epilogue, 
     np.testing.assert_allclose(lse[seen], lse_ref[seen], atol=1e-3)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("splits,balance,rows", [(1, False, 64), (3, False, 64), (8, False, 64), (3, True, 64),
                                                  (5, False, 8)])
@@ -852,6 +857,7 @@ jax.jit(run).trace(*args).lower().compile()
 """
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("num_s,rows,slots,num_q,cluster,splits,balance", [
     (16, 64, 8200, 1, 1, 8, 0), (16, 64, 8200, 1, 1, 8, 1),    # decode, 8 runs per stream
@@ -876,6 +882,7 @@ def test_gpu_mosaic_kernel_does_not_spill(num_s, rows, slots, num_q, cluster, sp
     assert all(st == ld == "0" for st, ld in spills), spills
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not mosaic_gpu.is_hopper(), reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 @pytest.mark.parametrize("cluster,splits", [(1, 1), (2, 3)])
 def test_gpu_mosaic_timeline(cluster, splits):

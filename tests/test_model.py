@@ -266,6 +266,7 @@ def test_bf16_verify_logits_match_xla(tiny, impl, balance, monkeypatch):
     assert hints and set(hints) == {balance}, hints
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu" or not mosaic_gpu.is_hopper(),
                     reason="Pallas Mosaic GPU kernel: Hopper GPU only")
 def test_gpu_mosaic_attention_in_the_model(tiny, monkeypatch):

@@ -346,6 +346,7 @@ def test_pallas_kernels_write_every_used_row():
     _check_kernel_rows(MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits"), 5, 96, 64, 6, 2, "uneven", "default")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="raw Triton (jax-triton) needs a GPU")
 @pytest.mark.parametrize("form", ["bits", "table", "min_bm", "table_large"])
 def test_triton_kernels_write_every_used_row(form):
@@ -371,6 +372,7 @@ def test_triton_kernels_write_every_used_row(form):
 
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the tuned forms (PTX dequantisation) run compiled, on a GPU")
 @pytest.mark.parametrize("kernels", ["pallas_triton", "triton_impl"])
 @pytest.mark.parametrize("entry", range(len(tuning.TABLE)))
@@ -398,8 +400,8 @@ VARIANTS = {"scale_weights": dict(scale_weights=True), "swap_ab": dict(swap_ab=T
             "down_tuning": dict(down_warps=8, down_stages=2), "cols_first": dict(cols_first=True)}
 
 
-@pytest.mark.parametrize("route", ["bits", pytest.param("asm", marks=pytest.mark.skipif(
-    jax.default_backend() != "gpu", reason="PTX dequantisation runs compiled, on a GPU"))])
+@pytest.mark.parametrize("route", ["bits", pytest.param("asm", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    jax.default_backend() != "gpu", reason="PTX dequantisation runs compiled, on a GPU")])])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_pallas_variants_match_golden(variant, route):
     """Each variant through moe_experts_pallas at T=1 (K below one block, idle experts; "all" also
