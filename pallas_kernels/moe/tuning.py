@@ -98,9 +98,15 @@ class MoEConfig(NamedTuple):
 # instructions than bf16 scales (T = 1 gate_up 523 vs 491, T = 1040 down 1677 vs 1582).
 # Session 48 (experiments/results/moe_swap_ab_large_t_h200_session48/): swap_ab (wgmma) with bm 64 or
 # 128 on the last entry, 1.12-1.74x slower at T = 2048 and 4096 (4096: 12,353 -> 15,072-17,629 us).
+# Session 53 (experiments/results/moe_bn_up128_goal_t_h200_session53/): bn_up 64 -> 128 on the bm 16
+# entry, raw kernels, device us per call burst / sustained (both power regimes): T = 16 726 / 776 ->
+# 702 / 748, 64 1852 / 1981 -> 1746 / 1908, 256 2631 / 2832 -> 2505 / 2714, 4 225 / 225 -> 217 /
+# 216, 520 2891 / 3186 -> 2676 / 3021; Pallas 1-3% slower in a burst at T = 16 and 64, faster
+# sustained (T = 256: 2677 / 2879 -> 2580 / 2816). gate_up then has the down kernel's 128-column
+# tile: half the activation re-reads per weight, 142 registers, no spills (ptx_stats).
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
-    (576, MoEConfig(bm=16, bn_up=64, bn_down=256, scale_weights=True)),   # picked at T = 4, 16, 64, 256, 512, 520
+    (576, MoEConfig(bm=16, bn_up=128, bn_down=256, scale_weights=True)),  # T = 4-520; bn_up 128 since session 53
     (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16)),
 )
 
