@@ -28,8 +28,9 @@ column: each regime's % of that copy in the same regime:
 tables, the rest listed as skipped (every implementation at the issue's seven T takes longer than
 one 10-minute device call: the xla path alone runs about 80 ms per call at T >= 256).
 
---impls=variants: the experimental Pallas kernel options (tuning.MoEConfig scale_weights, swap_ab,
-split_k) on top of the tuned config per T, each checked against the golden before timing; and
+--impls=variants: the Pallas kernels with the --variants sets on top of the tuned config per T
+(without --variants: the tuned config's one-knob neighbours: tiles halved / doubled, a stage
+more, twice the warps, swap_ab, split_k at T <= 4), each checked against the golden before timing; and
 "parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
 alone, in bf16 compute (gate_up and down each include the routing). --impls=triton_variants: the
 raw Triton kernels ("auto" on a GPU) with each --variants set (required; the fields those kernels
@@ -75,7 +76,7 @@ flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each imp
                    "timing, so the GPU's clocks have settled (bench_util.sustain)")
 flags.DEFINE_string("variants", "", "with --impls=variants / triton_variants: option sets applied to the tuned "
                     "config of each T, ';' between sets, ',' between field=value (MoEConfig fields, "
-                    "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the built-in sets")
+                    "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the tuned config's one-knob neighbours")
 flags.DEFINE_float("budget_s", 0, "if > 0, start no new implementation and T once the run has timed for "
                    "this long (seconds): the rest are skipped as rows that say so, and the JSON and tables "
                    "are written (a `timeout` would lose them; the xla path and the bf16-weights path take "
@@ -169,9 +170,9 @@ RAW_IGNORED = ("swap_ab", "split_k", "cols_first")
 
 def _variant_cfgs(t: int, sets: list[dict] | None = None, raw: bool = False) -> list:
     """Experimental options on top of the tuned config for T (the plain tuned config is timed as
-    pallas_triton with --sweep=false): `sets` when given, else split-K where few programs run, the
-    rest where the INT4 loop is the limit. raw (the raw Triton kernels, --impls=triton_variants):
-    `sets` required, none of them setting a RAW_IGNORED field (ValueError naming it)."""
+    pallas_triton with --sweep=false): `sets` when given, else the tuned config's one-knob
+    neighbours (`_neighbour_sets`). raw (the raw Triton kernels, --impls=triton_variants): `sets`
+    required, none of them setting a RAW_IGNORED field (ValueError naming it)."""
     from pallas_kernels.moe import tuning
     base = tuning.config(t)
     if raw:
@@ -183,16 +184,29 @@ def _variant_cfgs(t: int, sets: list[dict] | None = None, raw: bool = False) -> 
                                  "(time it with --impls=variants, the Pallas kernels)")
     if sets:
         return [base._replace(**o).check() for o in sets]
+    return _neighbour_sets(base, t)
+
+
+def _neighbour_sets(base, t: int) -> list:
+    """The tuned config `base` with one knob moved: gate_up's tile halved and doubled, the down
+    tile halved, one more pipeline stage, twice the warps, the weight tile on the MMA's M side, and
+    at T <= 4 (few programs) K split 4 ways; those equal to `base` or that no kernel can run
+    (MoEConfig.check) left out, each kept once."""
+    opts = [dict(bn_up=max(16, base.bn_up // 2)), dict(bn_up=base.bn_up * 2),
+            dict(bn_down=max(16, base.bn_down // 2)), dict(num_stages=base.num_stages + 1),
+            dict(num_warps=base.num_warps * 2), dict(swap_ab=True)]
     if t <= 4:
-        opts = [dict(split_k=4), dict(split_k=8), dict(split_k=4, scale_weights=True),
-                dict(split_k=4, swap_ab=True, scale_weights=True),
-                dict(scale_weights=True, dequant="asm"), dict(bn_up=64, bn_down=128, scale_weights=True,
-                                                              dequant="asm")]
-    else:
-        opts = [dict(scale_weights=True), dict(swap_ab=True), dict(swap_ab=True, scale_weights=True),
-                dict(swap_ab=True, scale_weights=True, bn_up=128, bn_down=128, num_warps=8),
-                dict(scale_weights=True, num_stages=4)]
-    return [base._replace(**o) for o in opts]
+        opts.append(dict(split_k=4))
+    cfgs = []
+    for o in opts:
+        cfg = base._replace(**o)
+        try:
+            cfg.check()
+        except ValueError:
+            continue
+        if cfg != base and cfg not in cfgs:
+            cfgs.append(cfg)
+    return cfgs
 
 
 def all_tokens_error(out, x, ids, w, experts) -> float:

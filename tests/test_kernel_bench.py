@@ -39,7 +39,11 @@ cfgs = _variant_cfgs(64, sets)
 base = tuning.config(64)
 assert cfgs[0] == base._replace(bn_down=256, down_warps=8) and cfgs[0].bn_up == base.bn_up
 assert cfgs[1].scale_weights is False and cfgs[2].dequant == 'bits'
-assert len(_variant_cfgs(64)) == 5   # the built-in sets when none are given
+for t in (1, 4, 64, 1024):   # the built-in sets when none are given: one knob of the tuned entry moved
+    builtin = _variant_cfgs(t)
+    assert len(builtin) >= 5 and len(set(builtin)) == len(builtin) and tuning.config(t) not in builtin, builtin
+    assert all(sum(a != b for a, b in zip(c, tuning.config(t))) == 1 for c in builtin), builtin
+    assert any(c.split_k == 4 for c in builtin) == (t <= 4), builtin
 raw = _variant_cfgs(4096, parse_variants('bn_up=128;num_warps=8'), raw=True)   # the raw Triton kernels
 assert raw == [tuning.config(4096)._replace(bn_up=128), tuning.config(4096)._replace(num_warps=8)], raw
 assert _variant_cfgs(4096, [dict(bm=64, dequant='bits')])[0].bm == 64
