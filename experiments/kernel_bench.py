@@ -33,8 +33,8 @@ one 10-minute device call: the xla path alone runs about 80 ms per call at T >= 
 more, twice the warps, swap_ab, split_k at T <= 4), each checked against the golden before timing; and
 "parts" rows: the tuned config's routing alignment, gate_up kernel, down kernel and combine timed
 alone, in bf16 compute (gate_up and down each include the routing). --impls=triton_variants: the
-raw Triton kernels ("auto" on a GPU) with each --variants set (required; the fields those kernels
-ignore, RAW_IGNORED, are refused). One H200 run of the variants against the default:
+raw Triton kernels ("auto" on a GPU) with each --variants set (the fields those kernels ignore,
+RAW_IGNORED, are refused; without --variants the neighbours that leave those fields alone). One H200 run of the variants against the default:
   python3 experiments/kernel_bench.py --op=moe --impls=pallas_triton,variants --sweep=false \
       --tokens=1,4,16,64,256 --out_dir=$OUT
 """
@@ -171,34 +171,32 @@ RAW_IGNORED = ("swap_ab", "split_k", "cols_first")
 def _variant_cfgs(t: int, sets: list[dict] | None = None, raw: bool = False) -> list:
     """Experimental options on top of the tuned config for T (the plain tuned config is timed as
     pallas_triton with --sweep=false): `sets` when given, else the tuned config's one-knob
-    neighbours (`_neighbour_sets`). raw (the raw Triton kernels, --impls=triton_variants): `sets`
-    required, none of them setting a RAW_IGNORED field (ValueError naming it)."""
+    neighbours (`_neighbour_sets`). raw (the raw Triton kernels, --impls=triton_variants): no set
+    may set a RAW_IGNORED field (ValueError naming it), and the neighbours leave those fields out."""
     from pallas_kernels.moe import tuning
     base = tuning.config(t)
     if raw:
-        if not sets:
-            raise ValueError("--impls=triton_variants needs --variants (option sets for the raw Triton kernels)")
-        for o in sets:
+        for o in sets or ():
             if bad := sorted(set(o) & set(RAW_IGNORED)):
                 raise ValueError(f"--variants: the raw Triton kernels ignore {', '.join(bad)} "
                                  "(time it with --impls=variants, the Pallas kernels)")
     if sets:
         return [base._replace(**o).check() for o in sets]
-    return _neighbour_sets(base, t)
+    return _neighbour_sets(base, t, skip=RAW_IGNORED if raw else ())
 
 
-def _neighbour_sets(base, t: int) -> list:
+def _neighbour_sets(base, t: int, skip: tuple[str, ...] = ()) -> list:
     """The tuned config `base` with one knob moved: gate_up's tile halved and doubled, the down
     tile halved, one more pipeline stage, twice the warps, the weight tile on the MMA's M side, and
-    at T <= 4 (few programs) K split 4 ways; those equal to `base` or that no kernel can run
-    (MoEConfig.check) left out, each kept once."""
+    at T <= 4 (few programs) K split 4 ways; those moving a field in `skip`, equal to `base` or that
+    no kernel can run (MoEConfig.check) left out, each kept once."""
     opts = [dict(bn_up=max(16, base.bn_up // 2)), dict(bn_up=base.bn_up * 2),
             dict(bn_down=max(16, base.bn_down // 2)), dict(num_stages=base.num_stages + 1),
             dict(num_warps=base.num_warps * 2), dict(swap_ab=True)]
     if t <= 4:
         opts.append(dict(split_k=4))
     cfgs = []
-    for o in opts:
+    for o in (o for o in opts if not set(o) & set(skip)):
         cfg = base._replace(**o)
         try:
             cfg.check()

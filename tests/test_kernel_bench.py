@@ -47,7 +47,11 @@ for t in (1, 4, 64, 1024):   # the built-in sets when none are given: one knob o
 raw = _variant_cfgs(4096, parse_variants('bn_up=128;num_warps=8'), raw=True)   # the raw Triton kernels
 assert raw == [tuning.config(4096)._replace(bn_up=128), tuning.config(4096)._replace(num_warps=8)], raw
 assert _variant_cfgs(4096, [dict(bm=64, dequant='bits')])[0].bm == 64
-for sets, word in (([], '--variants'), ([dict(bn_up=128), dict(swap_ab=True, split_k=2)], 'split_k, swap_ab'),
+for t in (1, 64):   # the raw kernels' neighbours leave the fields those kernels ignore alone
+    builtin = _variant_cfgs(t, raw=True)
+    assert builtin and all(c.swap_ab == tuning.config(t).swap_ab and c.split_k == 1 for c in builtin), builtin
+    assert set(builtin) < set(_variant_cfgs(t)), builtin
+for sets, word in (([dict(bn_up=128), dict(swap_ab=True, split_k=2)], 'split_k, swap_ab'),
                    ([dict(bm=64, num_warps=8)], "dequant='asm'")):   # refused before any device work
     try:
         _variant_cfgs(64, sets, raw=True)
@@ -104,13 +108,12 @@ def test_all_tokens_error_catches_block_local_faults():
 
 @pytest.mark.parametrize("argv, words", [
     (["--impls=triton,trition"], "--impls takes names from"),
-    (["--impls=triton_variants"], "--impls=triton_variants needs --variants"),
     (["--impls=triton_variants", "--variants=swap_ab=true"], "the raw Triton kernels ignore swap_ab"),
     (["--impls=variants", "--variants=bn_up=128;bm=64"], "MoEConfig.dequant='asm' needs bm <= 32"),
 ])
 def test_kernel_bench_refuses_bad_impls_before_device_work(argv, words, tmp_path):
     """An unknown implementation (once run as the bf16-weights path), raw-kernel variants that
-    would time the tuned kernels under another name, or a set no kernel runs correctly (PTX
+    would time the tuned kernels under another name (a field those kernels ignore), or a set no kernel runs correctly (PTX
     dequantisation in 64-row blocks): refused by name, before any device work."""
     out = _run([os.path.join(ROOT, "experiments", "kernel_bench.py"), f"--out_dir={tmp_path / 'kb'}", *argv])
     assert out.returncode != 0 and words in out.stderr, out.stderr[-2000:]
