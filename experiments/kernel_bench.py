@@ -20,7 +20,8 @@ trace's 16 calls come after a pause (a burst), and every row records both window
 --load_s=3 (with --trace) adds a second table from one long trace per row: device time per call in
 the first 100 ms (burst) and after 1 s (sustained), each with its clock and % of copy, headed by
 the copy ceiling measured the same way (bench_util.sustained_copy), whose regimes give a last
-column: each regime's % of that copy in the same regime:
+column: each regime's % of that copy in the same regime (the xla path's rows say why they have none:
+XLA_NO_LOAD):
   python3 experiments/kernel_bench.py --op=moe --sweep=false --trace --load_s=3 \
       --impls=triton,pallas_triton --tokens=1,4,16,64,256,520,1040,2048 --out_dir=$OUT
 
@@ -86,6 +87,13 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation: devic
                   "and the kernels, over 16 calls after 8 in the same trace (fewer for calls over 12 ms: "
                   "trace_calls; GPU; separates device work from host dispatch)")
 
+
+# Why the xla path gets no load profile: its call launches 154-10,100 kernels (a scan over the row
+# blocks), and its profiler traces do not come back: 24 calls at T = 256 (243k kernels) ran past
+# 300 s to export (session 50), a 3 s load at T = 1 (about 420k) past 250 s (session 54), while
+# dequantise-then-ragged_dot's 259k kernels took 20 s and the kernels' 207k 25 s.
+XLA_NO_LOAD = ("not taken for the xla path: its 3 s trace (150-10,000 kernels per call) does not "
+               "export in minutes (sessions 50, 54)")
 
 # the two GEMM kernels of a traced moe call: raw Triton names, Pallas names
 _GEMMS = {"gate_up": ("gate_up", "_gate_up_kernel"), "down": ("down", "_down_kernel")}
@@ -427,7 +435,9 @@ def _bench_moe(clocks) -> dict:
                               if FLAGS.trace else None)
                     row["trace_clocks"] = clocks.window(*traced["host_window"]) if traced else {}
                     phase("trace")
-                    if FLAGS.load_s > 0 and (lp := bench_util.load_profile(
+                    if FLAGS.load_s > 0 and impl == "xla":
+                        row["load_skipped"] = XLA_NO_LOAD
+                    elif FLAGS.load_s > 0 and (lp := bench_util.load_profile(
                             fn, sets, load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)):
                         row["load"] = lp
                     phase("load")
@@ -550,6 +560,9 @@ def _regimes_table(res: dict) -> str:
               "| % of the copy under the same load, burst / sustained |",
               "|---:|---|---:|---:|---:|---|---|---|"]
     for r in res["rows"]:
+        if "load_skipped" in r:
+            lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
+                         f"{r['floor_s'] * 1e6:.0f} | - | - | {r['load_skipped']} |")
         if "load" in r:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
                          f"{r['floor_s'] * 1e6:.0f} | {cell(r, 'burst')} | {cell(r, 'sustained')} | "

@@ -191,6 +191,11 @@ assert with_copy[0] == ('copy under the same load: burst 4.250 TB/s (SM 1980 MHz
 assert with_copy[2:] == regimes, with_copy
 row.update(burst_pct_copy_load=89.0, sustained_pct_copy_load=80.6)
 assert _regimes_table({'rows': [row]}).splitlines()[2].endswith('| 812.1 (79.4, -) | 89.0 / 80.6 |')
+from experiments.kernel_bench import XLA_NO_LOAD
+xla.update(floor_s=645e-6, load_skipped=XLA_NO_LOAD)             # a row without a profile says why
+both = _regimes_table({'rows': [row, xla]}).splitlines()
+assert len(both) == 4 and len({ln.count('|') for ln in both}) == 1, both
+assert both[3] == f'| 16 | xla | 111.0 | 2750 | 645 | - | - | {XLA_NO_LOAD} |', both[3]
 ceil['copy_load'].update(sustained_tbps=None)                   # no copy in a regime: '-', not a crash
 assert 'sustained - TB/s' in _regimes_table({'rows': [row], 'ceilings': ceil}).splitlines()[0]
 print('ok')
