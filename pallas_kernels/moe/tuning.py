@@ -104,10 +104,14 @@ class MoEConfig(NamedTuple):
 # 216, 520 2891 / 3186 -> 2676 / 3021; Pallas 1-3% slower in a burst at T = 16 and 64, faster
 # sustained (T = 256: 2677 / 2879 -> 2580 / 2816). gate_up then has the down kernel's 128-column
 # tile: half the activation re-reads per weight, 142 registers, no spills (ptx_stats).
+# Session 54 (experiments/results/moe_table_h200_session54/): bn_up 64 -> 128 on the last entry too,
+# raw kernels, device us per call, sustained (the 700 W cap): T = 1024 4116 / 4101 -> 3987 / 3992,
+# 4096 12512 / 12579 -> 12044 / 12032 (Pallas 4143 -> 3953, 12591 -> 11780; session 52 agreed at
+# 1040-4096); in a burst T = 4096 faster (11968 / 10957 -> 10331 / 10359), T = 1024 bimodal in both.
 TABLE: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(bm=16, bn_up=32, bn_down=256, scale_weights=True)),
     (576, MoEConfig(bm=16, bn_up=128, bn_down=256, scale_weights=True)),  # T = 4-520; bn_up 128 since session 53
-    (1 << 62, MoEConfig(bm=32, bn_up=64, bn_down=256, scale_weights=True, min_bm=16)),
+    (1 << 62, MoEConfig(bm=32, bn_up=128, bn_down=256, scale_weights=True, min_bm=16)),  # bn_up 128 since session 54
 )
 
 
