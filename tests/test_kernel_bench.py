@@ -44,8 +44,9 @@ for t in (1, 4, 64, 1024):   # the built-in sets when none are given: one knob o
     assert len(builtin) >= 5 and len(set(builtin)) == len(builtin) and tuning.config(t) not in builtin, builtin
     assert all(sum(a != b for a, b in zip(c, tuning.config(t))) == 1 for c in builtin), builtin
     assert any(c.split_k == 4 for c in builtin) == (t <= 4), builtin
-raw = _variant_cfgs(4096, parse_variants('bn_up=128;num_warps=8'), raw=True)   # the raw Triton kernels
-assert raw == [tuning.config(4096)._replace(bn_up=128), tuning.config(4096)._replace(num_warps=8)], raw
+raw = _variant_cfgs(4096, parse_variants('bn_up=64;num_warps=8'), raw=True)   # the raw Triton kernels
+assert raw == [tuning.config(4096)._replace(bn_up=64), tuning.config(4096)._replace(num_warps=8)], raw
+assert all(c != tuning.config(4096) for c in raw), raw
 assert _variant_cfgs(4096, [dict(bm=64, dequant='bits')])[0].bm == 64
 for t in (1, 64):   # the raw kernels' neighbours leave the fields those kernels ignore alone
     builtin = _variant_cfgs(t, raw=True)
