@@ -18,7 +18,8 @@ The kernels follow the SM clock, which an H200 lowers under its 700 W cap after 
 (BENCHMARKS.md, issue 4, session 45): the wall clock runs after --warm_s of calls (sustained), the
 trace's 16 calls come after a pause (a burst), and every row records both windows' SM clock.
 --load_s=3 (with --trace) adds a second table from one long trace per row: device time per call in
-the first 100 ms (burst) and after 1 s (sustained), each with its clock and % of copy, headed by
+the first 100 ms (burst; also its first 25 ms, before a heavy call's throttling: T = 1024 is
+throttled 30-40 ms in) and after 1 s (sustained), each with its clock and % of copy, headed by
 the copy ceiling measured the same way (bench_util.sustained_copy), whose regimes give a last
 column: each regime's % of that copy in the same regime (the xla path's rows say why they have none:
 XLA_NO_LOAD):
@@ -462,7 +463,7 @@ def _bench_moe(clocks) -> dict:
     for row in rows:
         if "device_us" in row and "bytes" in row:
             row["pct_copy_device"] = 100 * row["bytes"] / (row["device_us"] * 1e-6) / bw
-        for regime in ("burst", "sustained"):
+        for regime in ("burst", "first", "sustained"):
             if row.get("load", {}).get(f"{regime}_us"):
                 row[f"{regime}_pct_copy"] = 100 * row["bytes"] / (row["load"][f"{regime}_us"] * 1e-6) / bw
                 # against the copy timed the same way, in the same regime (sustained_copy)
@@ -533,11 +534,15 @@ def _mhz(row: dict) -> str:
 
 def _regimes_table(res: dict) -> str:
     """Markdown: per row with a load profile (--load_s), device us per call (% of copy, SM MHz) in a
-    burst and under sustained load, and each regime's % of the copy under the same load."""
-    def cell(r, regime):
+    burst, in the burst's first 25 ms (a heavy call is throttled inside the burst window:
+    bench_util.regimes) and under sustained load, and each regime's % of the copy under the same
+    load; a row without a profile says why (load_skipped)."""
+    def cell(r, regime, clock=True):
         us = r["load"].get(f"{regime}_us")
         if us is None:
             return "-"
+        if not clock:
+            return f"{us:.1f} ({r[f'{regime}_pct_copy']:.1f})"
         mhz = r["load"].get(f"{regime}_clocks", {}).get("sm_mhz")
         return f"{us:.1f} ({r[f'{regime}_pct_copy']:.1f}, {'-' if mhz is None else f'{mhz:.0f}'})"
 
@@ -556,17 +561,17 @@ def _regimes_table(res: dict) -> str:
         lines += [f"copy under the same load: burst {tbps('burst')} TB/s (SM {mhz('burst')} MHz), "
                   f"sustained {tbps('sustained')} TB/s (SM {mhz('sustained')} MHz); "
                   f"% copy below is of {res['ceilings']['copy_tbps']:.3f} TB/s (measure_ceilings)", ""]
-    lines += ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | sustained us (% copy, SM MHz) "
-              "| % of the copy under the same load, burst / sustained |",
-              "|---:|---|---:|---:|---:|---|---|---|"]
+    lines += ["| T | impl | active E | MB moved | floor us | burst us (% copy, SM MHz) | first 25 ms us (% copy) "
+              "| sustained us (% copy, SM MHz) | % of the copy under the same load, burst / sustained |",
+              "|---:|---|---:|---:|---:|---|---|---|---|"]
     for r in res["rows"]:
         if "load_skipped" in r:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
-                         f"{r['floor_s'] * 1e6:.0f} | - | - | {r['load_skipped']} |")
+                         f"{r['floor_s'] * 1e6:.0f} | - | - | - | {r['load_skipped']} |")
         if "load" in r:
             lines.append(f"| {r['T']} | {r['impl']} | {r['active_experts']:.1f} | {r['bytes'] / 1e6:.0f} | "
-                         f"{r['floor_s'] * 1e6:.0f} | {cell(r, 'burst')} | {cell(r, 'sustained')} | "
-                         f"{same_load(r)} |")
+                         f"{r['floor_s'] * 1e6:.0f} | {cell(r, 'burst')} | {cell(r, 'first', clock=False)} | "
+                         f"{cell(r, 'sustained')} | {same_load(r)} |")
     return "\n".join(lines)
 
 

@@ -257,11 +257,18 @@ def test_calls_busy_groups_kernels_by_start_order():
 
 
 def test_regimes_takes_medians_of_the_first_and_the_settled_calls():
+    """Burst (first burst_ms), its first quarter, sustained (from settled_s); a step inside the burst
+    window shows in first_us, not in burst_us."""
     calls = [(0.0, 10.0), (40e3, 12.0), (90e3, 11.0), (150e3, 30.0), (1.0e6, 20.0), (1.5e6, 22.0), (2.0e6, 21.0)]
     got = bench_util.regimes(calls, 100.0, 102.5, burst_ms=100.0, settled_s=1.0)
-    assert got == dict(burst_us=11.0, burst_calls=3, sustained_us=21.0, sustained_calls=3)
+    assert got == dict(burst_us=11.0, burst_calls=3, first_us=10.0, first_calls=1, sustained_us=21.0,
+                       sustained_calls=3)
     none = bench_util.regimes(calls[:2], 0.0, 1.0, burst_ms=10.0, settled_s=0.5)
     assert none["burst_us"] == 10.0 and none["sustained_us"] is None and none["sustained_calls"] == 0
+    assert none["first_us"] == 10.0 and none["first_calls"] == 1          # the first call at least
+    step = [(c * 4e3, 3.4e3 if c < 8 else 3.8e3) for c in range(27)]    # throttled 32 ms in (T = 1024)
+    got = bench_util.regimes(step, 0.0, 0.2, burst_ms=100.0, settled_s=0.15)
+    assert got["burst_us"] == 3.8e3 and got["first_us"] == 3.4e3 and got["first_calls"] == 7, got
 
 
 def _fake_torch(clock: dict):

@@ -180,11 +180,12 @@ assert len({ln.count('|') for ln in lines}) == 1, lines          # every row has
 assert '| 760.0 | 771.5 | 84.9 | 500.0 (80.0) | 250.0 (80.0) | 10.0 | 16 | 1620 / 1980 |' in lines[2], lines[2]
 assert '| nan | nan | nan |  |  |  | nan |  |' in lines[3], lines[3]     # no GEMM kernels: no glue either
 assert 'RESOURCE_EXHAUSTED' in lines[4], lines[4]
-row.update(floor_s=645e-6, burst_pct_copy=88.7, sustained_pct_copy=79.4,
-           load=dict(burst_us=726.7, sustained_us=812.1, burst_clocks=dict(sm_mhz=1980.0), sustained_clocks={}))
+row.update(floor_s=645e-6, burst_pct_copy=88.7, first_pct_copy=91.8, sustained_pct_copy=79.4,
+           load=dict(burst_us=726.7, first_us=702.0, sustained_us=812.1, burst_clocks=dict(sm_mhz=1980.0),
+                     sustained_clocks={}))
 regimes = _regimes_table({'rows': [row, xla]}).splitlines()
 assert len(regimes) == 3 and len({ln.count('|') for ln in regimes}) == 1, regimes     # rows with a profile only
-assert regimes[2] == '| 16 | triton | 111.0 | 2750 | 645 | 726.7 (88.7, 1980) | 812.1 (79.4, -) | - / - |', regimes[2]
+assert regimes[2] == '| 16 | triton | 111.0 | 2750 | 645 | 726.7 (88.7, 1980) | 702.0 (91.8) | 812.1 (79.4, -) | - / - |', regimes[2]
 ceil = dict(copy_tbps=4.264, copy_load=dict(burst_tbps=4.25, sustained_tbps=4.2, burst_clocks=dict(sm_mhz=1980.0)))
 with_copy = _regimes_table({'rows': [row], 'ceilings': ceil}).splitlines()
 assert with_copy[0] == ('copy under the same load: burst 4.250 TB/s (SM 1980 MHz), sustained 4.200 TB/s '
@@ -196,7 +197,7 @@ from experiments.kernel_bench import XLA_NO_LOAD
 xla.update(floor_s=645e-6, load_skipped=XLA_NO_LOAD)             # a row without a profile says why
 both = _regimes_table({'rows': [row, xla]}).splitlines()
 assert len(both) == 4 and len({ln.count('|') for ln in both}) == 1, both
-assert both[3] == f'| 16 | xla | 111.0 | 2750 | 645 | - | - | {XLA_NO_LOAD} |', both[3]
+assert both[3] == f'| 16 | xla | 111.0 | 2750 | 645 | - | - | - | {XLA_NO_LOAD} |', both[3]
 ceil['copy_load'].update(sustained_tbps=None)                   # no copy in a regime: '-', not a crash
 assert 'sustained - TB/s' in _regimes_table({'rows': [row], 'ceilings': ceil}).splitlines()[0]
 print('ok')
