@@ -20,6 +20,7 @@ kernel for CUDA and stops (the CPU test of this script).
   python3 experiments/mla_mosaic_probe.py --shapes=8192:1:1,8192:1:16 --splits=8,64 --profile   # phases
   python3 experiments/mla_mosaic_probe.py --shapes=8192:1:16 --splits=8 --timeline       # CTA timeline
   python3 experiments/mla_mosaic_probe.py --shapes=8192:1:16 --splits=8 --timeline --balance   # the schedule's cost
+  python3 experiments/mla_mosaic_probe.py --shapes=32768:16:16,8192:256:1 --clusters=auto,4   # cluster size A/B
 With --profile each kernel also runs under Mosaic GPU's in-kernel profiler (context_attention's
 profile_dir): per warpgroup role and phase (consumers: wait_q, context, tail, epilogue; producer:
 loads) the median and max duration over CTAs, and when the CTAs start and end. The profiler
@@ -57,6 +58,8 @@ flags.DEFINE_list("splits", ["1"], "runs each stream's context is split into (co
 flags.DEFINE_bool("balance", False, "context_attention(balance=True): the split runs shared out by the streams' "
                   "pairs (runs.run_schedule, computed in the kernel; equal contexts here, so the same runs as without), "
                   "or with --splits=1 the streams launched longest first (runs.stream_order; all equal here)")
+flags.DEFINE_list("clusters", ["auto"], "CTAs per thread-block cluster (context_attention(cluster=)): auto "
+                  "(mosaic_gpu.cluster_size: 2 where the row blocks pair up) or a count dividing the row blocks")
 flags.DEFINE_list("epilogues", ["tma"], "how the consumers write O (context_attention(epilogue=)): tma, registers")
 flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
 flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")
@@ -191,7 +194,8 @@ def main(_):
     if ceilings:
         print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     rows = []
-    for shape, splits, epilogue in itertools.product(FLAGS.shapes, map(int, FLAGS.splits), FLAGS.epilogues):
+    for shape, splits, cluster_flag, epilogue in itertools.product(FLAGS.shapes, map(int, FLAGS.splits),
+                                                                   FLAGS.clusters, FLAGS.epilogues):
         ctx, num_q, num_s = map(int, shape.split(":"))
         # The kernel's operands as mla_attention_mosaic prepares them: bushy trees, the cache
         # allocated as engine.setup allocates it (model.aligned_slots(ctx + Q)).
@@ -201,7 +205,7 @@ def main(_):
         q, _, ctx_lens, _ = operands
         pairs, tail_tiles = mosaic_gpu.tail_counts(ctx_lens, num_q)
         r, r_pad = num_q * heads, q.shape[1]
-        cluster = mosaic_gpu.cluster_size(r_pad)
+        cluster = mosaic_gpu.cluster_size(r_pad) if cluster_flag == "auto" else int(cluster_flag)
 
         def run(*args, cluster=cluster, splits=splits, epilogue=epilogue, profile_dir="", timeline=False):
             o, lse, *times = mosaic_gpu.context_attention(*args, num_q=num_q, scale=scale, v_dim=v_dim,
@@ -223,7 +227,7 @@ def main(_):
                         raise
             if FLAGS.timeline:
                 jax.jit(functools.partial(run, timeline=True)).trace(*operands).lower(lowering_platforms=("cuda",))
-            print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits} epilogue={epilogue}: lowered")
+            print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits} cluster={cluster} epilogue={epilogue}: lowered")
             continue
         o_ref, lse_ref = mosaic_gpu.context_attention_xla(operands[0][:1].astype(jnp.float32),
                                                           operands[1][:1].astype(jnp.float32),
