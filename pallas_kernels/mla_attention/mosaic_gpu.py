@@ -571,7 +571,8 @@ def combine_splits(o, lse, ctx_lens, *, num_q: int, balance: bool = False):
 
 def cluster_size(rows: int) -> int:
     """CTAs per cluster: two when the ceil(rows / 64) row blocks pair up (1-15% faster on the H200
-    at ctx 8k-32k)."""
+    at ctx 8k-32k). Four were 9-46% slower at six goal shapes (BENCHMARKS.md, issue 5, session 55:
+    likely fewer full-SM CTAs in 4-CTA clusters fit the GPCs at once)."""
     return 2 if -(-rows // BLOCK_Q) % 2 == 0 else 1
 
 
