@@ -27,8 +27,10 @@ config's time per shape, the fastest, and its speedup over the first config (the
   python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16,64,256 --streams=16,8,1 \
       --impls=mosaic_gpu,xla --trace --load_s=3   # both power regimes (the H200 caps at 700 W)
 
-With --load_s each row also gets its device time per call in a burst (the first 100 ms of a load)
-and under sustained load (from 1 s on), against floors from the copy and bf16 matmul ceilings
+With --load_s each row also gets its device time per call in a burst (the first 100 ms of a load),
+in the burst's first 25 ms (before a heavy call's throttle step: 32k Q 16 S 16 ran its first 14
+calls 7% faster than the 100 ms median, BENCHMARKS.md issue 5, session 55) and under sustained
+load (from 1 s on), against floors from the copy and bf16 matmul ceilings
 timed under the same load (BENCHMARKS.md, issue 4, session 45: the SM clock drops under the cap,
 and compute-bound shapes and the matmul ceiling follow it): a second table.
 """
@@ -305,8 +307,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     max_sets: at most this many input sets per shape (fewer where 256 MB of caches holds fewer;
     at least 2), cycled by the timings and called once each inside the in-graph program.
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
-    load_s > 1 (GPU): also each row's `bench_util.load_profile` ("load": burst / sustained device us
-    per call) and {burst,sustained}_floor_ms / _pct_floor, the floor from ceilings' copy_load and
+    load_s > 1 (GPU): also each row's `bench_util.load_profile` ("load": burst / first / sustained device
+    us per call) and {burst,first,sustained}_floor_ms / _pct_floor, the floor from ceilings' copy_load and
     matmul_load (sustained_copy / sustained_matmul) in the same regime where given, else the run's.
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
     (mosaic_parts).
@@ -412,13 +414,16 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     return rows
 
 
+REGIMES = ("burst", "first", "sustained")   # bench_util.regimes' windows: 100 ms, its first 25 ms, from 1 s on
+
+
 def regime_floors(load: dict, flops: float, nbytes: float, ceilings: dict) -> dict:
-    """load_profile's burst_us / sustained_us of a call of `flops` and `nbytes` -> per regime its
+    """load_profile's burst_us / first_us / sustained_us of a call of `flops` and `nbytes` -> per regime its
     floor (ms) and % of it, the floor max(bytes / copy, FLOPs / matmul) from ceilings' copy_load
     (TB/s) and matmul_load (TFLOP/s) of that regime where measured, else copy_tbps and the larger
     of matmul_tflops_xla / _torch (measure_ceilings)."""
     out = {}
-    for regime in ("burst", "sustained"):
+    for regime in REGIMES:
         copy = ceilings.get("copy_load", {}).get(f"{regime}_tbps") or ceilings["copy_tbps"]
         mm = (ceilings.get("matmul_load", {}).get(f"{regime}_tflops")
               or max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]))
@@ -446,7 +451,7 @@ def _fmt(r: dict) -> str:
     if "device_ms" in r:
         graph += (f" device {r['device_ms']:.3f} ms {r['device_pct_floor']:.1f}% ({r['kernels']:.0f} kernels: "
                   + ", ".join(f"{k['name'][:24]} {k['us']:.1f}" for k in r["top_kernels"][:4]) + " us)")
-    for regime in ("burst", "sustained"):
+    for regime in REGIMES:
         if (us := r.get("load", {}).get(f"{regime}_us")):
             graph += f" {regime} {us:.1f} us {r[f'{regime}_pct_floor']:.1f}%"
     return (f"{head} {r['ms']:9.3f} ms  floor {r['floor_ms']:8.3f} ms  {r['pct_floor']:5.1f}% "
@@ -487,16 +492,17 @@ def table(rows: list[dict]) -> str:
 
 
 def regimes_table(rows: list[dict], ceilings: dict | None = None) -> str:
-    """Markdown: per row with a load profile (load_s), device ms per call in a burst and under
-    sustained load, each with its % of that regime's floor and SM MHz, and the xla path's time over
-    the row's in each regime (where xla has a profile); headed by the load ceilings, if measured."""
-    def cell(r, regime):
+    """Markdown: per row with a load profile (load_s), device ms per call in a burst, in its first
+    25 ms and under sustained load, each with its % of that regime's floor (and SM MHz: none for
+    the first 25 ms, shorter than nvidia-smi's 50 ms samples), and the xla path's time over the
+    row's in each regime (where xla has a profile); headed by the load ceilings, if measured."""
+    def cell(r, regime, clock=True):
         ms = r["load"].get(f"{regime}_us")
         if ms is None:
             return "-"
         mhz = r["load"].get(f"{regime}_clocks", {}).get("sm_mhz")
-        return (f"{ms / 1e3:.3f} ({r.get(f'{regime}_pct_floor', float('nan')):.1f}, "
-                f"{'-' if mhz is None else f'{mhz:.0f}'})")
+        return (f"{ms / 1e3:.3f} ({r.get(f'{regime}_pct_floor', float('nan')):.1f}"
+                + (f", {'-' if mhz is None else f'{mhz:.0f}'})" if clock else ")"))
 
     def rate(d, regime, unit):
         v = (d or {}).get(f"{regime}_{unit}")
@@ -504,22 +510,23 @@ def regimes_table(rows: list[dict], ceilings: dict | None = None) -> str:
     lines = []
     cl = ceilings or {}
     if "copy_load" in cl or "matmul_load" in cl:
-        lines += [f"ceilings under the same load: copy {rate(cl.get('copy_load'), 'burst', 'tbps')} / "
-                  f"{rate(cl.get('copy_load'), 'sustained', 'tbps')} TB/s, bf16 matmul (torch) "
-                  f"{rate(cl.get('matmul_load'), 'burst', 'tflops')} / "
-                  f"{rate(cl.get('matmul_load'), 'sustained', 'tflops')} TFLOP/s (burst / sustained)", ""]
-    lines += ["| ctx | Q | S | impl | burst ms (% floor, SM MHz) | sustained ms (% floor, SM MHz) "
-              "| xla / this, burst / sustained |", "|---:|---:|---:|---|---|---|---|"]
+        lines += ["ceilings under the same load: copy "
+                  + " / ".join(rate(cl.get('copy_load'), g, 'tbps') for g in REGIMES) + " TB/s, bf16 matmul (torch) "
+                  + " / ".join(rate(cl.get('matmul_load'), g, 'tflops') for g in REGIMES)
+                  + " TFLOP/s (burst / first 25 ms / sustained)", ""]
+    lines += ["| ctx | Q | S | impl | burst ms (% floor, SM MHz) | first 25 ms ms (% floor) "
+              "| sustained ms (% floor, SM MHz) | xla / this, burst / first 25 ms / sustained |",
+              "|---:|---:|---:|---|---|---|---|---|"]
     key = lambda r: (r["ctx"], r["q"], r["s"], r.get("lengths", "uniform"))  # noqa: E731
     for r in sorted((r for r in rows if "load" in r), key=lambda r: key(r) + (r["impl"],)):
         x = next((o for o in rows if key(o) == key(r) and o["impl"] == "xla" and "load" in o), None)
         ratio = "-"
         if x is not None and r["impl"] != "xla":
-            got = [(x["load"].get(f"{g}_us"), r["load"].get(f"{g}_us")) for g in ("burst", "sustained")]
+            got = [(x["load"].get(f"{g}_us"), r["load"].get(f"{g}_us")) for g in REGIMES]
             ratio = " / ".join(f"{a / b:.2f}x" if a and b else "-" for a, b in got)
         ctx = f"{r['ctx']}" + (" spread" if r.get("lengths") == "spread" else "")
-        lines.append(f"| {ctx} | {r['q']} | {r['s']} | {r['impl']} | {cell(r, 'burst')} | {cell(r, 'sustained')} "
-                     f"| {ratio} |")
+        lines.append(f"| {ctx} | {r['q']} | {r['s']} | {r['impl']} | {cell(r, 'burst')} | "
+                     f"{cell(r, 'first', clock=False)} | {cell(r, 'sustained')} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -132,24 +132,30 @@ def test_load_s_below_the_sustained_window_is_refused(script):
 MLA_REGIMES_CHECK = """
 from experiments.mla_bench import regime_floors, regimes_table
 ceil = dict(copy_tbps=4.0, matmul_tflops_xla=700.0, matmul_tflops_torch=650.0)
-load = dict(burst_us=100.0, sustained_us=125.0, burst_clocks=dict(sm_mhz=1980.0), sustained_clocks={})
+load = dict(burst_us=100.0, first_us=80.0, sustained_us=125.0, burst_clocks=dict(sm_mhz=1980.0), sustained_clocks={})
 # 70 GFLOP, 100 MB: compute-bound at 700 TFLOP/s (100 us), copy 25 us
 got = regime_floors(load, 70e9, 100e6, ceil)
 assert abs(got['burst_floor_ms'] - 0.1) < 1e-12 and abs(got['burst_pct_floor'] - 100.0) < 1e-9, got
-assert abs(got['sustained_pct_floor'] - 80.0) < 1e-9, got
-# with the load ceilings: the sustained matmul 560 TFLOP/s sets a 125 us floor, the burst copy a 100 MB / 1 TB/s one
-ceil.update(matmul_load=dict(burst_tflops=700.0, sustained_tflops=560.0), copy_load=dict(burst_tbps=1.0))
+assert abs(got['sustained_pct_floor'] - 80.0) < 1e-9 and abs(got['first_pct_floor'] - 125.0) < 1e-9, got
+# with the load ceilings: the sustained matmul 560 TFLOP/s sets a 125 us floor, the first 25 ms' 875 an
+# 80 us one, the burst copy a 100 MB / 1 TB/s one
+ceil.update(matmul_load=dict(burst_tflops=700.0, first_tflops=875.0, sustained_tflops=560.0),
+            copy_load=dict(burst_tbps=1.0))
 got = regime_floors(load, 70e9, 100e6, ceil)
 assert abs(got['sustained_pct_floor'] - 100.0) < 1e-9 and abs(got['burst_floor_ms'] - 0.1) < 1e-12, got
-assert regime_floors(dict(burst_us=None, sustained_us=None), 1.0, 1.0, ceil).keys() == {'burst_floor_ms', 'sustained_floor_ms'}
+assert abs(got['first_floor_ms'] - 0.08) < 1e-12 and abs(got['first_pct_floor'] - 100.0) < 1e-9, got
+assert regime_floors(dict(burst_us=None, sustained_us=None), 1.0, 1.0, ceil).keys() == {
+    'burst_floor_ms', 'first_floor_ms', 'sustained_floor_ms'}
 row = dict(ctx=8192, q=16, s=8, impl='mosaic_gpu', load=load, **got)
-xla = dict(ctx=8192, q=16, s=8, impl='xla', load=dict(burst_us=210.0, sustained_us=250.0))
+xla = dict(ctx=8192, q=16, s=8, impl='xla', load=dict(burst_us=210.0, first_us=200.0, sustained_us=250.0))
 other = dict(ctx=8192, q=64, s=8, impl='mosaic_gpu', ms=1.0)          # no load profile: no line
 lines = regimes_table([xla, row, other], ceil).splitlines()
-assert lines[0].startswith('ceilings under the same load: copy 1 / - TB/s, bf16 matmul (torch) 700 / 560'), lines[0]
+assert lines[0].startswith('ceilings under the same load: copy 1 / - / - TB/s, bf16 matmul (torch) 700 / 875 / 560'), lines[0]
 assert len(lines) == 6 and len({ln.count('|') for ln in lines[2:]}) == 1, lines
-assert lines[4] == '| 8192 | 16 | 8 | mosaic_gpu | 0.100 (100.0, 1980) | 0.125 (100.0, -) | 2.10x / 2.00x |', lines[4]
-assert lines[5].startswith('| 8192 | 16 | 8 | xla | 0.210 (nan, -) |') and lines[5].endswith('| - |'), lines[5]
+assert 'first 25 ms ms (% floor)' in lines[2], lines[2]
+assert lines[4] == ('| 8192 | 16 | 8 | mosaic_gpu | 0.100 (100.0, 1980) | 0.080 (100.0) | 0.125 (100.0, -) '
+                    '| 2.10x / 2.50x / 2.00x |'), lines[4]
+assert lines[5].startswith('| 8192 | 16 | 8 | xla | 0.210 (nan, -) | 0.200 (nan) |') and lines[5].endswith('| - |'), lines[5]
 assert regimes_table([row]).splitlines()[0].startswith('| ctx |')    # no load ceilings: no header line
 print('ok')
 """
