@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from ddtree_jax import sharding
 from ddtree_jax.checks import check_int
 from pallas_kernels import registry
+from pallas_kernels.tree_accept.xla import walk
 from pallas_kernels.tree_search import num_real_nodes
 from pallas_kernels.tree_search.xla import LOGP_FLOOR, ancestors, pack_bits
 
@@ -124,27 +125,4 @@ def follow_tree(tree: Tree, posterior: jax.Array):
                          f"got shape {getattr(posterior, 'shape', None)}")
     if not jnp.issubdtype(posterior.dtype, jnp.integer):
         raise ValueError(f"posterior must hold integer token ids; got {posterior.dtype}")
-    return _follow(tree, posterior.astype(jnp.int32))
-
-
-@jax.jit
-def _follow(tree: Tree, posterior):
-    """The walk in parallel: node i is taken when the target's token at its parent is its token
-    (and no earlier sibling has that token, as the walk takes the first match) and every ancestor
-    is taken; the taken nodes form one chain, one per depth."""
-    S, B = tree.tokens.shape
-    L = tree.max_depth
-    rows = jnp.arange(S)[:, None]
-    par = tree.parents[:, 1:]                                                      # [S, B]
-    match = (par >= 0) & (tree.tokens == jnp.take_along_axis(posterior, jnp.maximum(par, 0), 1))
-    same = (par[:, :, None] == par[:, None, :]) & (tree.tokens[:, :, None] == tree.tokens[:, None, :])
-    first = ~jnp.any(same & jnp.tril(jnp.ones((B, B), bool), -1)[None], axis=2)   # no earlier twin
-    ok = jnp.concatenate([jnp.ones((S, 1), bool), match & first], axis=1)          # [S, N]
-    taken = jnp.all(~tree.visibility | ok[:, None, :], axis=2)                    # [S, N]
-    depth = jnp.concatenate([jnp.zeros((S, 1), jnp.int32), tree.depths], axis=1)
-    slot = jnp.where(taken, depth, L + 1)                                          # L + 1: dropped
-    node = jnp.broadcast_to(jnp.arange(B + 1, dtype=jnp.int32), (S, B + 1))
-    accepted = jnp.full((S, L + 1), -1, jnp.int32).at[rows, slot].set(node, mode="drop")
-    accept_len = jnp.sum(taken, axis=1).astype(jnp.int32)
-    last = jnp.take_along_axis(accepted, (accept_len - 1)[:, None], axis=1)
-    return accepted, accept_len, jnp.take_along_axis(posterior, last, axis=1)[:, 0]
+    return walk(tree, posterior.astype(jnp.int32))

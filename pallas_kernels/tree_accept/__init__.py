@@ -6,7 +6,7 @@
             kv (compacted, same shapes), path_taps [S, D+1, W])
 
 N = B + 1 tree nodes (node 0 the root), D = tree.max_depth. tokens are the verified tokens (root
-first), posterior[s, i] the target's choice after node i. The walk (`ddtree_jax.tree.follow_tree`)
+first), posterior[s, i] the target's choice after node i. The walk (`xla.walk`, `ddtree_jax.tree.follow_tree`)
 starts at the root and, at each depth, moves to the first child whose token is the target's choice
 at the current node: path[d] is the node accepted at depth d (-1 past the walk's end), accept_len
 counts the root, bonus is the target's choice at the last accepted node. path_tokens[d] =
