@@ -7,7 +7,7 @@ for each T in --tokens, random routings. Measures in the same run the device-to-
 (torch copy_) and the bf16 matmul rate (max of torch and XLA); checks every implementation against
 the float64 numpy golden on two check tokens before timing it; times the pallas_triton sweep, the
 triton kernels, the "xla" path, dequantise-then-ragged_dot and the bf16-weights path. Prints a
-table last and writes moe.json / moe.md under --out_dir. --trace adds each timed implementation's
+table last and writes the run's record (ddtree_jax.bench.record) under --out_dir. --trace adds each timed implementation's
 device-busy time per call and its kernels from a profiler trace (the wall-clock time of small calls
 can be mostly host dispatch): the % of copy by device time, and for the Pallas and raw Triton
 kernels each GEMM kernel's time and % of copy by its own bytes (its experts' weights and scales)
@@ -53,10 +53,11 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ddtree_jax import bench_util  # noqa: E402
+from ddtree_jax.bench import record  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("op", "moe", ["moe"], "operation to benchmark")
-flags.DEFINE_string("out_dir", "/tmp/kernel_bench", "where results go")
+flags.DEFINE_string("out_dir", "results", "where the run's record goes (ddtree_jax.bench.record)")
 flags.DEFINE_list("tokens", ["1", "4", "16", "64", "256", "1024", "4096"], "token counts T")
 IMPLS = ("pallas_triton", "triton", "xla", "ragged_dot", "bf16_weights", "variants", "triton_variants")
 flags.DEFINE_list("impls", list(IMPLS[:5]),
@@ -276,7 +277,7 @@ def _bench_moe(clocks) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels import moe
+    from pallas_kernels import moe, registry
     from pallas_kernels.moe import int4, tuning
     from pallas_kernels.moe.pallas_triton import moe_experts_pallas
     from pallas_kernels.moe.reference import dequantize_int4_golden, moe_experts_golden
@@ -351,7 +352,7 @@ def _bench_moe(clocks) -> dict:
                                                                           min_bm=16),
                   c(16, 64, 256, 4, 3, scale_weights=True)],
     }
-    rows, bf16_cache = [], {}
+    rows, bf16_cache, auto = [], {}, None
     t_start = time.perf_counter()
     for impl in FLAGS.impls:
         for t in map(int, FLAGS.tokens):
@@ -366,6 +367,8 @@ def _bench_moe(clocks) -> dict:
             ids_all, w_all = [ids_all[r] for r in range(4)], [w_all[r] for r in range(4)]
             xs = [jax.random.normal(jax.random.fold_in(key, r), (t, d), jnp.bfloat16) for r in range(4)]
             active = float(np.mean([np.unique(np.asarray(a)).size for a in ids_all]))
+            if auto is None and jax.default_backend() == "gpu":   # what impl="auto" takes here
+                auto = registry.auto_impl("moe_experts", xs[0], ids_all[0], w_all[0], experts)
             nbytes = active * expert_bytes + 2 * t * d * 2
             flops = 2 * t * k * 3 * d * i
             floor = max(nbytes / bw, flops / rate)
@@ -471,7 +474,7 @@ def _bench_moe(clocks) -> dict:
                     row[f"{regime}_pct_copy_load"] = 100 * row["bytes"] / (row["load"][f"{regime}_us"] * 1e-6) / (
                         load_bw * 1e12)
     return {"ceilings": ceil, "rows": rows, "jax": jax.__version__, "device": str(jax.devices()[0]),
-            "scale_dtype": FLAGS.scale_dtype}
+            "scale_dtype": FLAGS.scale_dtype, "auto_impl": auto}
 
 
 def trace_calls(call_s: float) -> int:
@@ -608,23 +611,17 @@ def main(argv):
     del argv
     if {"variants", "triton_variants"} & set(FLAGS.impls):    # bad option sets fail before any device work
         _variant_cfgs(1, parse_variants(FLAGS.variants), raw="triton_variants" in FLAGS.impls)
-    os.makedirs(FLAGS.out_dir, exist_ok=True)
+    header = record.run_info(f"kernel_bench_{FLAGS.op}")
     res = {"moe": bench_moe}[FLAGS.op]()
-    try:
-        import triton
-        res["triton"] = triton.__version__
-    except ImportError:
-        pass
-    res["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    with open(os.path.join(FLAGS.out_dir, f"{FLAGS.op}.json"), "w") as f:
-        json.dump(res, f, indent=1)
     table = _table(res)
     if any("load" in r for r in res["rows"]):
         table += "\n\n" + _regimes_table(res)
-    with open(os.path.join(FLAGS.out_dir, f"{FLAGS.op}.md"), "w") as f:
-        f.write(table + "\n")
+    extra = {k: v for k, v in res.items() if k not in ("rows", "ceilings", "device", "jax", "triton")}
+    path = record.write_result(FLAGS.out_dir, {**header, "ceilings": res["ceilings"], **extra,
+                                               "rows": res["rows"]})
     print(json.dumps(res["ceilings"]))
     print(table)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Benchmark support: result records (`record`) and the BENCHMARKS.md generator (`report`)."""
