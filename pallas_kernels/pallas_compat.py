@@ -1,10 +1,8 @@
 """The one place that imports Pallas:Triton and decides interpret mode.
 
-JAX 0.11 deprecates the Pallas:Triton backend (in favour of Mosaic GPU) and warns on use. We keep
-it because it is the only Pallas GPU backend that runs on both JAX 0.10 and 0.11 and lowers our
-INT4 and attention kernels; the warning is silenced here, once, so it does not drown test and
-benchmark output. The raw-Triton implementations (jax-triton) are the route that survives the
-backend's removal.
+JAX 0.11 deprecates the Pallas:Triton backend and warns on every use. It is still the only Pallas
+GPU backend that runs on both JAX 0.10 and 0.11 and lowers the INT4 and attention kernels, so the
+warning is silenced here, once. The raw-Triton implementations (jax-triton) do not depend on it.
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ from jax.experimental.pallas import triton as plgpu  # noqa: E402
 
 __all__ = ["pl", "plgpu", "interpret_mode", "on_gpu", "LOG2E", "MIN_DOT_K", "dot_f32"]
 
-# Kernels exponentiate with jnp.exp2, keeping scores in log2 units (scale * LOG2E): float32 jnp.exp
-# lowers to libdevice's __nv_expf, an exactly rounded routine that held a 128x128 scores tile at
-# 128 registers instead of 96 (and made 128x256 spill) in offline sm_90a compiles, where
-# __nv_exp2f is the hardware ex2 (about 2 ulp).
+# Kernels keep scores in log2 units (scale * LOG2E) and exponentiate with jnp.exp2, the hardware
+# ex2 (about 2 ulp): float32 jnp.exp lowers to libdevice's exactly rounded __nv_expf, which costs
+# registers and makes large score tiles spill (docs/kernels/mla_attention.md).
 LOG2E = math.log2(math.e)
 
 MIN_DOT_K = 16      # the smallest K of a 16-bit tensor-core product
@@ -34,12 +31,11 @@ MIN_DOT_K = 16      # the smallest K of a 16-bit tensor-core product
 
 def dot_f32(a, b, contract_b: int):
     """a [M, K] @ b (contract_b=1: b is [N, K]; 0: b is [K, N]) -> float32 [M, N], inside a kernel.
-    16-bit operands with K below MIN_DOT_K are multiplied as a float32 broadcast-multiply-sum
-    (exact): on the H200, Triton's 16-bit dot with K = 8 (an MLA rope width of 8, contract_b=1)
-    gave wrong results (rel err 0.25-0.53 at every tested shape, BENCHMARKS.md issue 5, session
-    24) where interpret mode was right; float32 with K = 8 was right. contract_b=0 with K < 16 was
-    not probed and takes the same exact path. Pallas:Triton cannot pad K instead: it concatenates
-    only [..., 1] pieces."""
+
+    16-bit operands with K below MIN_DOT_K are multiplied as an exact float32
+    broadcast-multiply-sum, in either contraction: Triton's 16-bit dot with K = 8 computes wrong
+    results on Hopper (docs/kernels/mla_attention.md). Pallas:Triton cannot pad K instead: it
+    concatenates only [..., 1] pieces."""
     if a.shape[1] < MIN_DOT_K and a.dtype.itemsize == 2:
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         if contract_b:

@@ -6,8 +6,9 @@ per query head, every slot attends to its stream's context (the drafter's contex
 head h // (H / KV). Shapes: q [B, b, H, hd], ctx_k / ctx_v [B, KV, N, hd] (head-major cache),
 ctx_lengths [B] int (0..N), k_blk / v_blk [B, b, KV, hd] -> float32 [B, b, H, hd]; softmax in
 float32 with `scale`. With `layer`, ctx_k / ctx_v are a stacked cache [L, B, KV, N, hd] and layer
-`layer` is read (in place: the kernel reads the stack, where an XLA slice would copy it). Implementations: "xla" (einsums and one softmax), "pallas_triton" (programs
-over stream, KV head and context split, walking only the visible tiles).
+`layer` is read (in place: the kernel reads the stack, where an XLA slice would copy it).
+Implementations: "xla" (einsums and one softmax), "pallas_triton" (programs over stream, KV head
+and context split, walking only the visible tiles). Design note: docs/kernels/drafter_attention.md.
 """
 
 from __future__ import annotations

@@ -6,13 +6,14 @@
 
 with h = RMSNorm(x; norm) (h = x when norm is None), q = RoPE(RMSNorm_head(h @ wq; q_norm)),
 k = RoPE(RMSNorm_head(h @ wk; k_norm)), v = h @ wv. RMSNorms are in float32 (y = scale * x /
-sqrt(mean(x^2) + eps)); RoPE turns the pair (i, i + hd/2) by the angle positions * inv_freq[i],
-formed in float32 (Qwen3's rotate-half), in float32. Products in x's dtype with float32 accumulation; every intermediate is
-rounded to x's dtype where the module form (Linear, RMSNorm, RoPE one after another) rounds it.
-The drafter's block (norm = its input_layernorm) and its context (norm = hidden_norm, no q) both
-go through it. Implementations: "xla" (the module math as XLA ops), "pallas_triton" (one kernel:
-programs over row blocks x output heads, each normalising its rows, projecting one head's two
-halves, and writing q/k/v in the drafter attention's layout).
+sqrt(mean(x^2) + eps)); RoPE (Qwen3's rotate-half) turns the pair (i, i + hd/2) by the angle
+positions * inv_freq[i], formed and applied in float32. Products in x's dtype with float32
+accumulation; every intermediate is rounded to x's dtype where the module form (Linear, RMSNorm,
+RoPE one after another) rounds it. The drafter's block (norm = its input_layernorm) and its
+context (norm = hidden_norm, no q) both go through it. Implementations: "xla" (the module math as
+XLA ops), "pallas_triton" (one kernel: programs over row blocks x output heads, each normalising
+its rows, projecting one head's two halves, and writing q/k/v in the drafter attention's layout).
+Design note: docs/kernels/drafter_attention.md.
 """
 
 from __future__ import annotations

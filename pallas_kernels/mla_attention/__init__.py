@@ -9,7 +9,7 @@ pallas_triton.select_config picks), "mosaic_gpu" (Hopper: a warp-specialised Mos
 over the context and then the tree tokens under per-row mask words, mosaic_gpu.py; each
 stream's keys split over CTAs when too few fill the GPU). "auto" on a GPU: mosaic_gpu on Hopper
 for caches of 4096 slots or more or calls of 128 row blocks or more (mosaic_gpu.choose), else
-pallas_triton.
+pallas_triton. Design note: docs/kernels/mla_attention.md.
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ def mla_attention(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int, impl:
     passing them so writes no concatenated [.., Dk] query.
     balance: a scheduling hint for ragged contexts, the same result either way: "mosaic_gpu"
     shares its split runs out by the streams' lengths and launches its CTAs longest work first
-    (mosaic_gpu.launch and context_attention's balance; on the H200 0-7% slower with equal
-    contexts, up to 1.6x faster with spread ones; off here, on in model.forward); "xla" and
-    "pallas_triton" have nothing to schedule and ignore it."""
+    (mosaic_gpu.launch and context_attention's balance: a small cost with equal contexts, a large
+    gain with spread ones, docs/kernels/mla_attention.md; off here, on in model.forward); "xla"
+    and "pallas_triton" have nothing to schedule and ignore it."""
     q, kv, ctx_lens, node_mask = map(jnp.asarray, (q, kv, ctx_lens, node_mask))
     q_rope = None if q_rope is None else jnp.asarray(q_rope)
     _validate(q, kv, ctx_lens, node_mask, scale, v_dim, heads_first, q_rope)

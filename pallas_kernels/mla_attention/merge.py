@@ -4,20 +4,18 @@
 normalised by its own row sum) and lse2 [W, R] float32 (log2 units, -inf for a run that saw no
 key), stream s's parts at s * K .. s * K + K - 1, or with balance at first[s] .. first[s] +
 count[s] - 1 of `runs.run_schedule` (K each when the contexts are equal; a long stream more). The
-merge weights part k by 2^(lse2_k - max_k lse2_k). XLA runs it as 2-5 small kernels (reductions of
-different shapes do not fuse), each about 1-3 us on the H200 at the decode shapes (BENCHMARKS.md,
-issue 5, session 24). Here one kernel does it: program (s, row block, column block) finds its
-stream's parts (with balance from the contexts: the kernel's rule, scalar ops), walks them kc at a
-time (kc independent [BR, BC] loads per step, so the partial sums stay in each thread's registers:
-a [kc, BR, BC] tile reduced over its first axis compiled to 164 shuffles and a shared-memory round
-trip per step), first the row maxima from lse2, then the weighted sums, and writes the output
-dtype. The grid gives the GPU enough programs even for one stream (8 rows x 64 or 32 columns each).
-That form ("rows") walks the runs in series, one warp per program, so at 132 runs XLA's reductions
-beat it. form="parts" (`_kernel_parts`) makes one online pass over [kc, 8, BC] tiles with several
-warps, so more parts are in flight at once. `form_for` picks per run count, from the H200 timings
-(BENCHMARKS.md, issue 5, sessions 26-28). "rows" in one pass (each step's lse2 and O loaded
-together, the sums rescaled online) tied at 8k decode S 16 and was 30-33% slower at 16 parts a
-step or with balance (session 51).
+merge weights part k by 2^(lse2_k - max_k lse2_k). XLA runs it as 2-5 small kernels (reductions
+of different shapes do not fuse); here one kernel does it. Program (s, row block, column block)
+finds its stream's parts (with balance from the contexts: the kernel's rule, scalar ops) and
+reduces them in one of two forms (`form_for` picks by the runs per stream):
+- "rows" (`_kernel`): one warp per program walks the parts in series, kc independent [BR, BC]
+  loads per step so that the partial sums stay in each thread's registers (a [kc, BR, BC] tile
+  reduced over its first axis compiles to shuffles and a shared-memory round trip per step);
+  first the row maxima from lse2, then the weighted sums. Best up to ROWS_MAX_PARTS parts.
+- "parts" (`_kernel_parts`): one online pass over [kc, 8, BC] tiles with several warps, so more
+  parts are in flight at once. Best above.
+The grid gives the GPU enough programs even for one stream (8 rows x 64 or 32 columns each).
+Timings of both forms against XLA: docs/kernels/mla_attention.md.
 """
 
 from __future__ import annotations
@@ -119,10 +117,8 @@ ROWS_WARPS = {8: 1, 16: 2, 32: 2, 64: 4}   # "rows" form: warps per program by i
 def rows_per_program(num_s: int, rows: int, form: str) -> int:
     """br for merge_splits: "rows" doubles it from 8 up to 64 while the S x R rows make more than
     ROW_BLOCKS blocks of it, so wide calls run ~1,000 programs of more rows, not 8,000 one-warp
-    programs of 8 ("parts": 8, the only size timed). On the H200 (bf16 parts, R 1024, v 512, device
-    us; session 33, BENCHMARKS.md issue 5): S 8 K 2 21.4 at br 8 -> 7.0 at 64 (4 warps); S 4 K 3
-    11.2 -> 4.35 at 32 (2 warps); S 1 K 8 2.76 at 8 (3.4-3.8 larger); decode S 16 K 8 R 64 2.75
-    at 8 (2.8-3.8 larger)."""
+    programs of 8; decode and one stream keep 8 ("parts": always 8). Timings:
+    docs/kernels/mla_attention.md."""
     br = BR
     while form == "rows" and br < 64 and num_s * rows > ROW_BLOCKS * br and rows % (2 * br) == 0:
         br *= 2
@@ -131,12 +127,7 @@ def rows_per_program(num_s: int, rows: int, form: str) -> int:
 
 def form_for(parts: int) -> str:
     """The merge form for `parts` runs per stream: "rows" up to ROWS_MAX_PARTS, "parts" above.
-    On the H200 (merge alone, bf16 [K, S, 64, 512], device us, XLA / rows / parts with STEP's
-    kc and warps; sessions 26-28, BENCHMARKS.md issue 5): K 8 S 1 2.2 / 1.3 / 1.6, K 16 S 8
-    5.2 / 2.9 / 3.3, K 9 S 14 3.3 / 2.7 / 5.2; K 17-26 S 1-7 3.4-5.6 / 2.9-5.3 / 2.4-4.3; K 33
-    S 4 8.1 / 4.4 / 5.0 and K 44 S 3 7.8 / 4.3 / 4.2 (rows as fast or faster there); K 65 S 1-2
-    6.9-9.0 / 6.2-6.4 / 3.7-4.5; K 132 S 1 7.9 / 13.0 / 5.5. The rule's pick is never slower
-    than XLA's."""
+    The rule's pick is never slower than XLA's merge (docs/kernels/mla_attention.md)."""
     return "rows" if parts <= ROWS_MAX_PARTS else "parts"
 
 

@@ -1,13 +1,14 @@
 """MLA tree-verify attention with a warp-specialised Pallas Mosaic GPU kernel (Hopper only).
 
 The kernel (`context_attention`) walks each stream's keys in 128-key pairs: first the whole
-context pairs, then the tail pairs (the partial last pair of context and the Q tree tokens,
-at most 127 + Q keys), whose scores it masks with per-row bit words (`tail_words`, from the
-ancestor bitmask). `prepare` is the only XLA work before it: the query rows and the words (at
-plain decode none: the kernel masks the tail by the context length and the node's own bit).
-Kernel layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at Kimi-K2
-width) and walks the context in 64-key tiles; the latent tile serves as K (all Dk channels) and
-as V (its first v_dim). Three warpgroups:
+context pairs, then the tail pairs (the partial last pair of context and the Q tree tokens, at
+most 127 + Q keys), whose scores it masks with per-row bit words (`tail_words`, from the ancestor
+bitmask). `prepare` is the only XLA work before it: the query rows and the words (at plain decode
+none: the kernel masks the tail by the context length and the node's own bit).
+
+Layout: one CTA owns 64 query rows of one stream (one tree node's 64 heads at Kimi-K2 width) and
+walks the keys in 64-key tiles; the latent tile serves as K (all Dk channels) and as V (its first
+v_dim). Three warpgroups:
 - a producer streams the key tiles by TMA into a two-slot ring (Q plus two 576-wide tiles fill
   shared memory);
 - two consumers each own half of the [64, v_dim] float32 output accumulator (64 x 256 at K2) and
@@ -15,47 +16,30 @@ as V (its first v_dim). Three warpgroups:
   softmax, the other's matrix products keep the tensor cores busy. The consumer that scored a
   tile writes its probabilities P (bf16) and new row max to shared memory; the other rescales
   its half to that max and multiplies the same P by its half of V. At the end each consumer
-  stages its normalised half of O in the shared memory Q held and writes it by TMA (register
-  stores cost 2.8-5.0 us more per call on the H200: BENCHMARKS.md, issue 5, session 24).
-CTAs of consecutive row blocks of one stream run as a cluster whose key slots refill only when
-every CTA has consumed them, so they read each key tile from L2 at about the same time.
-(Multicasting the tiles by TMA instead faulted on the H200 with jax 0.11.2.)
-With too few row blocks to fill the GPU (one stream with a small tree, plain decode), or just
-more than a whole number of waves (16k Q 17 S 8: 136 CTAs on 132 SMs), the streams' pairs are
-split into runs, one CTA each (past a wave, each run's row blocks launched together), whose parts
-are merged (`split_count`'s wave model; flash-decoding), by one Pallas:Triton kernel
-(`merge.merge_splits`) or XLA's `combine_splits`. With
-balance=True the CTAs go to the streams in proportion to their pairs (`runs.run_schedule`), so
-ragged contexts cost about what equal ones of the same total do; unsplit calls with balance
-launch the longest streams' CTAs first (`runs.stream_order`), or where their CTAs fit one wave
-split each stream in two (`launch`), launched longest run first (`runs.part_order`). The op's
-default stays off (at equal contexts it costs 0-7%: 8k decode S 16 55 -> 59 us, 16k Q 16 S 8 453
--> 481), the model's (`forward(attn_balance=True)`) on: 16k Q 16 with contexts 2k-30k S 16 1472
--> 906 us, S 8 832 -> 505 (BENCHMARKS.md, issue 5, sessions 31-33).
+  stages its normalised half of O in the shared memory Q held and writes it by TMA.
+CTAs of consecutive row blocks of one stream run as a cluster (`cluster_size`) whose key slots
+refill only when every CTA has consumed them, so they read each key tile from L2 at about the
+same time.
 
-Status (H200, 2026-12-02; BENCHMARKS.md, issue 5, sessions 19-29; session 29 timed all 24 goal
-shapes in one run): no register spills; in device time the whole operation reaches 81-94% of
-the roofline floor at ctx 8k-32k for Q 16-256 with S 8-16 and for one stream from Q 64 (at 32k
-from Q 16), and 74-83% for 32k decode at S 8-16; 1.9-5.7x faster than the xla path there. Its
-device time is about 14 us + floor / 0.85 (sessions 29-30, H 8 and 64: 0.86-1.18x at 48 shapes),
-so calls whose floor is a few tens of us (8k decode, one stream of Q 16 at 8k) are mostly that
-fixed cost (session 29: 8k decode S 16 at 66% of the floor, 54 us, of which the merge and
-`prepare` are 4.3 us; 8k decode S 1 at 16%, 14 us, the kernel 9). The CTA timeline of session
-30 (`timeline=True`) splits the kernel's part: 1.6-2.5 us outside the CTAs (launch, last
-stores), ~1.1 until Q arrives, ~2 of epilogue, and the runs' uneven ends: at a context of exactly
-8k keys the run holding the one extra tail tile ended 2-3 us after the others. Since session 51
-a run takes that tile (half a pair) first, from key slot 1, so its softmax overlaps the first
-pair's loads: 8k decode S 16 52.7 -> 49.9 us, S 8 36.2 -> 34.5, 32k Q 1 S 16 and Q 16 S 1 1.3-1.4%
-less, 8k Q 16 S 16 0.5% more. Taken first from slot 0, every later pair's first-scored tile was
-loaded last, 18-28% slower at Q 16-64 (BENCHMARKS.md, issue 5, session 51).
-Merging the runs inside the kernel across a thread-block cluster instead was 3-6% slower with
-2-4 runs and 1.8-2x slower with 8 (session 28: each CTA waits for its cluster's slowest run;
-clusters of 8 full-SM CTAs do not all co-reside). impl="auto" takes this kernel on a Hopper GPU
-for caches of AUTO_MIN_SLOTS or more, or for AUTO_MIN_CTAS row blocks or more (`choose`). Off a
-Hopper GPU the registered function refuses (`supports`; jax 0.10.2's Mosaic GPU interpreter lacks run_state, the
-GPU load and layout_cast, wgmma with a register or transposed operand, and cluster barriers, so
-it cannot run this kernel: BENCHMARKS.md, issue 5, session 23);
-`context_attention_xla` stands in for the kernel in the CPU tests of the rest.
+Splits: with too few row blocks to fill the GPU (one stream with a small tree, plain decode), or
+just more than a whole number of waves, the streams' pairs are split into runs, one CTA each
+(flash-decoding; the count from `split_count`'s wave model), whose parts one Pallas:Triton kernel
+(`merge.merge_splits`) or XLA's `combine_splits` merges. Past one wave each run's row blocks are
+launched together, so that they read its keys from L2.
+
+Balance (for ragged contexts): the CTAs go to the streams in proportion to their pairs
+(`runs.run_schedule`), so ragged contexts cost about what equal ones of the same total do;
+unsplit calls launch the longest streams' CTAs first (`runs.stream_order`), or where their CTAs
+fit one wave split each stream in two (`launch`), launched longest run first (`runs.part_order`).
+It costs a little at equal contexts, so the op's default is off and the model's on
+(`forward(attn_balance=True)`).
+
+impl="auto" takes this kernel on a Hopper GPU for caches of AUTO_MIN_SLOTS or more, or for
+AUTO_MIN_CTAS row blocks or more (`choose`). Off a Hopper GPU the registered function refuses
+(`supports`): jax's Mosaic GPU interpreter lacks run_state, the GPU load and layout_cast, wgmma
+with a register or transposed operand and cluster barriers, so `context_attention_xla` stands in
+for the kernel in the CPU tests of the rest. Measurements and the variants not taken:
+docs/kernels/mla_attention.md.
 """
 
 from __future__ import annotations
@@ -100,59 +84,60 @@ def supported(dk: int, v_dim: int, dtype) -> str | None:
 def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v_dim: int, cluster: int = 1,
                       splits: int = 1, balance: bool = False, profile_dir: str = "", epilogue: str = "tma",
                       timeline: bool = False):
-    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), ctx_lens [S] int32 (>= 0), tail_bits [S, W, R]
-    int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R] float32): with pairs = ctx_lens // 128 and
-    tail_tiles = ceil((ctx_lens % 128 + num_q) / 64) (`tail_counts`, derived in the kernel: no XLA
-    kernel before it), attention of row r of stream s over every key below 128 * pairs[s], and
-    over tail key 128 * pairs[s] + t (t < 64 * tail_tiles[s]) where bit t % 32 of
-    tail_bits[s, t // 32, r] is set. O is normalised by the row sum, lse2 =
-    log2 of the sum of exp2(scale * log2(e) * q.k) (-inf and O = 0 where a row sees no key).
-    R a multiple of ROW_ALIGN (8) whose ceil(R / 64) row blocks make whole clusters; the last block
-    may be partial (the tensor TMA of Q and O reads zeros for its missing rows and clips their
-    stores; the "registers" epilogue needs R % 64 == 0); tail_bits and lse2 have R64 = ceil(R /
-    64) * 64 rows (tail_bits zero past R; lse2 past R belongs to no row: lse2's [64] row slice is
-    stored by Mosaic GPU's plain bulk copy, which is clipped only at the end of the whole array,
-    so an [S, R] lse2 would take a partial block's extra rows into the next stream's first).
-    W >= 4 * ceil(max(tail_tiles) / 2); set bits name keys below N
-    only (the tail's last tile may reach past N: TMA reads zeros there). The decode form (num_q 1):
-    tail_bits [S] int32, the node's mask word, whose bit 0 says whether the node sees its own key
-    (tail key ctx_lens % 128); every row sees the context. The kernel then makes the mask itself
-    from the stream's context length, so a decode call has no XLA kernel before it (`prepare`). Keys the bits leave out
-    must still hold finite values (the kernel multiplies them by probability 0). The tail walks
-    ceil(tail_tiles / 2) pairs; with tail_tiles odd its last pair is half a pair (one tile: the
-    second is not loaded, not multiplied), as at plain decode, where the tail's one real key is in
-    its first tile; the run holding it takes it before its other pairs.
+    """q [S, R, Dk], kv [S, N, Dk] (bf16 or f16), ctx_lens [S] int32 (>= 0), tail_bits [S, W, R64]
+    int32 -> (O [S, R, v_dim] in q.dtype, lse2 [S, R64] float32), R64 = ceil(R / 64) * 64.
+
+    With pairs = ctx_lens // 128 and tail_tiles = ceil((ctx_lens % 128 + num_q) / 64)
+    (`tail_counts`, derived in the kernel), row r of stream s attends to every key below
+    128 * pairs[s], and to tail key 128 * pairs[s] + t (t < 64 * tail_tiles[s]) where bit t % 32
+    of tail_bits[s, t // 32, r] is set. O is normalised by the row sum; lse2 = log2 of the sum of
+    exp2(scale * log2(e) * q.k) (-inf, and O = 0, where a row sees no key).
+
+    Rows: R a multiple of ROW_ALIGN (8) whose ceil(R / 64) row blocks make whole clusters. The
+    last block may be partial: the tensor TMA of Q and O reads zeros for its missing rows and
+    clips their stores (the "registers" epilogue needs R % 64 == 0). tail_bits is zero past R;
+    lse2 past R belongs to no row (its [64] row slice is stored by a plain bulk copy, clipped only
+    at the end of the whole array, so an [S, R] lse2 would take a partial block's extra rows into
+    the next stream's first).
+
+    Tail: W >= 4 * ceil(max(tail_tiles) / 2); set bits name keys below N only (the tail's last
+    tile may reach past N: TMA reads zeros there). Keys the bits leave out must still hold finite
+    values (the kernel multiplies them by probability 0). The tail walks ceil(tail_tiles / 2)
+    pairs; with tail_tiles odd its last pair is half a pair (one tile: the second is neither loaded
+    nor multiplied), which the run holding it takes before its other pairs. The decode form
+    (num_q 1): tail_bits [S] int32, the node's mask word, whose bit 0 says whether the node sees
+    its own key (tail key ctx_lens % 128); every row sees the context, and the kernel makes the
+    mask itself from the stream's context length, so a decode call has no XLA kernel before it.
+
     splits > 1 (flash-decoding, for shapes with too few row blocks to fill the GPU) gives each row
-    block W = S * splits CTAs: CTA f = s * splits + k is run k of stream s (balance False; past
-    one wave, R / 64 * W > FILL_CTAS, each run's row blocks are launched together, so that they
-    read its keys from L2: 4-20% faster, more with more runs, than every run of a row block
-    together at 16k-32k Q 17 and 8k Q 9; BENCHMARKS.md issue 5, session 35), or
-    the CTAs are shared out among the streams in proportion to the pairs each walks (balance
-    True: `runs.run_schedule` and `runs.run_of`; splits runs each when the contexts are equal);
-    each stream's runs by `run_bounds` (the remainder to the last runs, which hold the tail). It
-    returns each run's part: (O [W, R, v_dim] in q.dtype, lse2 [W, R64] float32), part f for CTA
-    f's run (a run of no pairs, where a stream has fewer pairs than runs, gives O = 0, lse2 =
-    -inf). On the H200 (BENCHMARKS.md, issue 5, session 32) balance cuts the kernel's time at 16k
-    decode S 16 with spread contexts from 132.1 to 89.2 us and costs 0.6-1.6 us at equal ones
-    (it reads every stream's context before its first load; the merge then costs 0.7-0.9 us
-    more too), so it is off by default here. With splits 1 and S > 1, balance launches the CTAs
-    longest stream first (`runs.stream_order`, one XLA sort before the kernel; grid position
-    s_grid runs stream order[s_grid], all its row blocks together) instead of every stream's
-    row block 0 first, so that with ragged contexts the long streams' CTAs are not the last
-    wave's; split calls with balance whose CTAs exceed one wave (R / 64 * S * splits > FILL_CTAS)
-    launch them by their runs' pairs, most first (`runs.part_order`; grid position g runs CTA
-    part order[g] of every row block), for the same reason. `combine_splits` or
-    `merge.merge_splits` merges the parts (bf16 parts halve the bytes the kernel writes and the
-    merge reads; the merge's weights come from the float32 lse).
+    block W = S * splits CTAs, each running one run of one stream, by `run_bounds` (the remainder
+    to the last runs, which hold the tail): without balance CTA f = s * splits + k is run k of
+    stream s; with balance the CTAs are shared out among the streams in proportion to the pairs
+    each walks (`runs.run_schedule` and `runs.run_of`; splits runs each when the contexts are
+    equal). Past one wave (R / 64 * W > FILL_CTAS) each run's row blocks are launched together, so
+    that they read its keys from L2. It returns each run's part: (O [W, R, v_dim] in q.dtype,
+    lse2 [W, R64] float32), part f for CTA f's run (a run of no pairs, where a stream has fewer
+    pairs than runs, gives O = 0, lse2 = -inf). `combine_splits` or `merge.merge_splits` merges
+    the parts (bf16 parts halve the bytes the kernel writes and the merge reads; the merge's
+    weights come from the float32 lse).
+
+    balance also orders the launch, so that with ragged contexts the long streams' CTAs are not
+    the last wave's: with splits 1 and S > 1 the CTAs go longest stream first (`runs.stream_order`,
+    one XLA sort before the kernel; grid position s_grid runs stream order[s_grid], all its row
+    blocks together), and split calls whose CTAs exceed one wave (R / 64 * S * splits >
+    FILL_CTAS) go by their runs' pairs, most first (`runs.part_order`; grid position g runs CTA
+    part order[g] of every row block). Every CTA then reads every stream's context before its
+    first load, a small cost at equal contexts; the op's default is off.
+
     epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
-    from the accumulator's registers (the slower form, kept for the A/B of mla_mosaic_probe.py).
+    from the accumulator's registers (the slower form, for A/B runs of mla_mosaic_probe.py).
     profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
     Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it).
     timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)] (CTA f = s * splits + k
-    at [s, :, k] whatever the launch order; unsplit with balance, stream order[s] at [s]): when each CTA
-    passed the points TIMELINE names, read from %globaltimer by plain stores (no profiler buffer,
-    no extra synchronisation: experiments/mla_mosaic_probe.py --timeline)."""
+    at [s, :, k] whatever the launch order; unsplit with balance, stream order[s] at [s]): when each
+    CTA passed the points TIMELINE names, read from %globaltimer by plain stores (no profiler
+    buffer, no extra synchronisation: experiments/mla_mosaic_probe.py --timeline)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
@@ -215,8 +200,7 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
             ctx_len, total = pick(lens, s), pick(totals, s)
             first, num_pairs = run_bounds(total, count, run_index)
             # Opaque to LLVM: else it sinks the schedule's sums into each warpgroup's branch, and
-            # the S totals they need stay live through the consumers' loop (at S 16: 504 bytes of
-            # spill loads, the loops 20% slower; BENCHMARKS.md issue 5, session 32).
+            # the S totals they need stay live through the consumers' loop, where ptxas spills.
             s, ctx_len, total, first, num_pairs = lax.optimization_barrier((s, ctx_len, total, first, num_pairs))
         elif splits > 1:
             s, ctx_len = s_grid, ctx_ref[s_grid]
@@ -351,16 +335,14 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
                 the same shared memory)."""
                 def run(i, carry):
                     # Consumer 0 scores tile 2i, then folds in tile 2i + 1; consumer 1 scores
-                    # tile 2i + 1 while consumer 0 runs its softmax, then folds in tile 2i.
-                    # (Consumer 1 folding first, or consumer 0 scoring between its fold and
-                    # softmax, measured 10-20% slower on the H200.)
+                    # tile 2i + 1 while consumer 0 runs its softmax, then folds in tile 2i (the
+                    # fastest order: docs/kernels/mla_attention.md).
                     acc, m, l = carry
                     # `mine` is w, read back from shared memory every step: the operand
                     # addresses of the matrix products then depend on a value the compilers
                     # cannot see through, so they are formed next to each product instead of
                     # being hoisted out of the loop (some 80 64-bit descriptors, more than the
-                    # registers left beside the accumulator: ptxas spilled them, and more so in
-                    # some builds).
+                    # registers left beside the accumulator, which ptxas would spill).
                     mine = slot_smem[w]
                     if half_pair:       # slot 1: 1 - mine for consumer 0, mine for consumer 1
                         if w == 1:
@@ -570,19 +552,18 @@ def combine_splits(o, lse, ctx_lens, *, num_q: int, balance: bool = False):
 
 
 def cluster_size(rows: int) -> int:
-    """CTAs per cluster: two when the ceil(rows / 64) row blocks pair up (1-15% faster on the H200
-    at ctx 8k-32k). Four were 9-46% slower at six goal shapes (BENCHMARKS.md, issue 5, session 55:
-    likely fewer full-SM CTAs in 4-CTA clusters fit the GPCs at once)."""
+    """CTAs per cluster: two when the ceil(rows / 64) row blocks pair up, else one. A pair shares
+    each key tile through L2; larger clusters of full-SM CTAs co-reside worse on the GPCs
+    (docs/kernels/mla_attention.md)."""
     return 2 if -(-rows // BLOCK_Q) % 2 == 0 else 1
 
 
 FILL_CTAS = 132     # SMs of an H100 / H200 SXM; at K2's width (Dk 576) one CTA fills an SM's shared memory
 MIN_SPLIT_PAIRS = 1  # pairs (128 keys) per run at least
-# The wave model split_count weighs run counts by (H200, K2 width, kernel and merge device times;
-# BENCHMARKS.md issue 5, session 35: 16 calls at 16k Q 17 S 8 / 16, 32k Q 17 S 16 and 8k Q 9 S 16
-# with 1-8 runs, each run's row blocks launched together, within -5.0% .. +3.0%): a CTA costs CTA_US
-# + PAIR_US per pair of its run (one CTA per SM, so the CTAs run in waves of FILL_CTAS), the merge
-# MERGE_US + its parts' bytes at MERGE_BYTES_PER_US.
+# The wave model split_count weighs run counts by (fit to kernel and merge device times at K2
+# width on the H200: docs/kernels/mla_attention.md): a CTA costs CTA_US + PAIR_US per pair of its
+# run (one CTA per SM, so the CTAs run in waves of FILL_CTAS), the merge MERGE_US + its parts'
+# bytes at MERGE_BYTES_PER_US.
 CTA_US, PAIR_US = 3.3, 3.45
 MERGE_US, MERGE_BYTES_PER_US = 3.0, 3.0e6
 PART_ROW_BYTES = 512 * 2    # a part's row: v 512 in bf16
@@ -608,13 +589,8 @@ def split_count(num_s: int, row_blocks: int, slots: int) -> int:
     least 10% lower, the fewest runs estimated within 3% of the lowest: CTAs just past a wave
     (16k Q 17 S 8: 136 CTAs, two waves for 1.03 waves of work) or a wave well short of full (8k Q
     9 S 8: 72 CTAs) split into more runs than one wave holds (context_attention then launches
-    each run's row blocks together, so that they share its keys through L2). On the H200
-    (BENCHMARKS.md, issue 5): one-wave choices at ctx 32k, Q 1, S 16 0.268 ms with 9 runs (144
-    CTAs) and 0.172 ms with 8; 8k Q 1 S 1 kernel 23.0 / 16.2 / 13.3 us with 16 / 32 / 64 runs,
-    kernel + merge 14.9 us with 65 runs against 17.8 with 64 (sessions 20-26). Session 35, kernel
-    + merge + prepare device us, 1 run -> the rule's count (its device us; the best count timed):
-    16k Q 17 S 8 906 -> 5 (577; 6: 568), S 16 1360 -> 3 (1088; 6: 1053), 32k Q 17 S 8 -> 6
-    (1080; 8: 1067), S 16 -> 5 (2016), 8k Q 9 S 8 231 -> 5 (162), S 16 470 -> 5 (318)."""
+    each run's row blocks together, so that they share its keys through L2). Measured counts
+    against the rule's: docs/kernels/mla_attention.md."""
     ctas, pairs = num_s * row_blocks, -(-slots // PAIR)
     fill = 1 if ctas >= FILL_CTAS else max(1, min(FILL_CTAS // ctas, pairs // MIN_SPLIT_PAIRS))
     est = [split_estimate_us(ctas, pairs, k) for k in range(1, pairs + 1)]
@@ -632,8 +608,7 @@ def tail_words(ctx_lens, node_mask, num_q: int):
     first Q bits shifted up by c: word w = ones(w) | mask[w - c // 32] << c % 32 | mask[w - c // 32
     - 1] >> (32 - c % 32). Elementwise ops only (the mask word is picked by selects over its
     ceil(Q / 32) words, not gathered, and c >= 0 is split by shifts, not floor divisions), so XLA
-    fuses it with `prepare`'s broadcast to rows (on the H200 one kernel for Q <= 32,
-    two for Q 64-256: session 29)."""
+    fuses it with `prepare`'s broadcast to rows (one kernel for Q <= 32, two above)."""
     num_s, _, mask_words = node_mask.shape
     num_words = 4 * -(-(PAIR - 1 + num_q) // PAIR)
     keep = np.array([(1 << min(32, max(0, num_q - 32 * i))) - 1 for i in range(mask_words)], np.uint32)
@@ -671,17 +646,15 @@ def prepare(q, kv, ctx_lens, node_mask, *, heads_first: bool = False, q_rope=Non
     [S, R, Dk] with R = Q * H rounded up to ROW_ALIGN (no copy when H % 8 == 0: the kernel's last
     row block may be partial), kv with N rounded up to a multiple of 8 and at least PAIR, ctx_lens
     [S] int32, tail_bits [S, W, ceil(R / 64) * 64] int32 (`tail_words` per row; zero past Q * H),
-    or at Q 1 context_attention's decode form, node_mask [S] (the tail's mask made in the kernel:
-    the tail_words fusion was the one XLA kernel of a decode call, 1.0-1.1 us on the H200; decode
-    calls 0.9-3.3 us faster at 8k-32k S 1-16 but one, BENCHMARKS.md issue 5, session 50)."""
+    or at Q 1 context_attention's decode form, node_mask [S] (the kernel makes the tail's mask
+    itself, so a decode call runs no XLA kernel before the kernel)."""
     if q_rope is not None:
         q = jnp.concatenate([q, q_rope], axis=-1)
     num_s, a, b, dk = q.shape
     num_q = b if heads_first else a
     rows = a * b
-    # Rows to a multiple of 8 only: a Q * H off a multiple of 64 (8 heads per GPU, Q = budget + 1)
-    # padded to 64 cost a copy in and a slice out, 4-14 us per call on the H200 (BENCHMARKS.md,
-    # issue 5, session 36).
+    # Rows to a multiple of 8 only: padding a Q * H off a multiple of 64 (8 heads per GPU, Q =
+    # budget + 1) to 64 would cost a copy in and a slice out; the last row block is partial instead.
     aligned = -(-rows // ROW_ALIGN) * ROW_ALIGN
     q_rows = q.reshape(num_s, rows, dk)
     q_pad = jnp.pad(q_rows, ((0, 0), (0, aligned - rows), (0, 0))) if aligned > rows else q_rows
@@ -709,9 +682,8 @@ def launch(q_pad, kv_k, *, splits: int | None = None, balance: bool = False) -> 
     pair: unsplit, every CTA would start at once and the longest stream's would set the time (its
     order cannot help), while 2 * S runs shared out by the streams' pairs, launched longest run
     first, fill two waves, for one more fixed cost per CTA and the merge. Past one wave balance
-    keeps 1 run per stream and launches the streams longest first (context_attention). On the H200
-    (16k Q 16, device us, off -> on; BENCHMARKS.md issue 5, session 33): S 8 spread contexts (2k-30k)
-    832 -> 505, equal 453 -> 481; S 16 spread 1472 -> 906, equal 906 -> 905."""
+    keeps 1 run per stream and launches the streams longest first (context_attention).
+    Measurements: docs/kernels/mla_attention.md."""
     num_s, rows = q_pad.shape[:2]
     cluster = cluster_size(rows)
     if splits is None:
@@ -730,8 +702,8 @@ MERGES = ("pallas", "xla")   # how split runs are merged: merge.merge_splits (on
 def merge_runs(o, lse, ctx_lens, out_dtype, *, num_q: int, merge: str = "pallas", balance: bool = False):
     """The split runs' parts (O [W, R, v], lse2 [W, R] float32 of `context_attention(splits > 1,
     balance)` for contexts ctx_lens [S] and num_q tree tokens) -> O [S, R, v] out_dtype, merged as
-    `merge` says (MERGES). The Pallas merge is the faster at every run count the H200 timed (K
-    8-132, S 1-16: sessions 26-27, BENCHMARKS.md issue 5); "xla" is the baseline."""
+    `merge` says (MERGES). The Pallas merge (the default) is the faster at every run count
+    measured; "xla" is the baseline."""
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     if merge == "pallas":
@@ -773,8 +745,8 @@ def is_hopper() -> bool:
 
 
 # impl="auto" takes this kernel for a cache of AUTO_MIN_SLOTS slots or more, or for AUTO_MIN_CTAS
-# row blocks (S * ceil(Q * H / 64)) or more. On the H200 (session 21, BENCHMARKS.md issue 5), at
-# ctx 1k-2k two-pass Pallas:Triton was faster only below 128 CTAs (plain decode, one small tree).
+# row blocks (S * ceil(Q * H / 64)) or more; below both (short caches with plain decode or one
+# small tree) pallas_triton is as fast or faster (docs/kernels/mla_attention.md).
 AUTO_MIN_SLOTS = 4096
 AUTO_MIN_CTAS = 128
 

@@ -1,9 +1,8 @@
 """Pallas:Triton MLA tree-verify attention (flash-decoding over the latent cache).
 
 This file holds the one-pass kernel and the registered entry point; `select_config` sends
-K2-size verify shapes to the two-pass GEMMs of two_pass.py instead (1.3-1.6x faster there on an
-H200 in session 14, before both paths moved to exp2), keeping this kernel for plain decode (Q = 1,
-64-row tiles once the stream-slots are many) and narrow latents.
+K2-size verify shapes to the two-pass GEMMs of two_pass.py instead, keeping this kernel for plain
+decode (Q = 1, 64-row tiles once the stream-slots are many) and narrow latents.
 
 Rows of a program are BLOCK_M consecutive (node, head) pairs of one stream (q viewed as
 [S, Q*H, Dk]), so each K/V tile loaded from the shared latent head serves BLOCK_M query rows.
@@ -11,11 +10,8 @@ The latent [.., :v_dim] and rope [.., v_dim:] widths must be powers of two (512 
 The context is split across `num_splits` programs; each keeps an online softmax in float32 and,
 when split, writes partial (acc, m, l) that an XLA combine merges. The last split also takes the
 tree block: keys at slots ctx + t, 32 at a time, visible per row by one word of the node bitmask
-(pre-expanded to rows as [S, W, Q*H]).
-
-Two one-pass variants that were always slower on an H200 were removed in session 14: V columns
-split across programs (`v_split`, 2.2-3.6x slower: QK^T recomputed per slice) and P @ V one tile
-late (`defer_pv`, 1.6-1.8x slower); BENCHMARKS.md keeps their measurements.
+(pre-expanded to rows as [S, W, Q*H]). Tile choices and the variants not taken:
+docs/kernels/mla_attention.md.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ from pallas_kernels.mla_attention.two_pass import (TwoPassConfig, fit_config, ml
 from pallas_kernels.pallas_compat import LOG2E, MIN_DOT_K, dot_f32, interpret_mode, pl, plgpu
 
 _TREE_BLOCK = 32
-_TARGET_PROGRAMS = 264          # about two waves of the H200's 132 SMs
+_TARGET_PROGRAMS = 264          # about two waves of 132 SMs (H100 / H200)
 _MIN_SPLIT = 256                # fewest cache slots worth a split of their own
 _TWO_PASS_ROWS = 256            # select_config: (node, head) rows per stream, latent width and
 _TWO_PASS_V_DIM = 256           # cache slots from which the two-pass path is used
@@ -43,7 +39,7 @@ _WIDE_DECODE_SLOTS = 1 << 17    # select_config: streams x slots from which plai
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
     """Tile sizes and launch parameters of the one-pass kernel; num_splits None picks by occupancy."""
-    block_m: int = 32           # 32x64, 4 warps was fastest of 5 configs on an H200 (ctx 8k, S 8)
+    block_m: int = 32           # 32x64 with 4 warps: the fastest one-pass tile at K2 width
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -81,21 +77,15 @@ def parse_config(text: str) -> "BlockConfig | TwoPassConfig":
 def select_config(rows: int, num_slots: int, v_dim: int, num_s: int = 1, rope: int = 64,
                   dtype=jnp.bfloat16) -> "BlockConfig | TwoPassConfig":
     """rows (node, head) pairs per stream over num_slots cache slots, num_s streams, rope width,
-    query dtype.
+    query dtype -> the config `mla_attention_pallas` runs.
 
-    The two-pass GEMMs (two_pass.py) for K2-class widths once a stream has >= 256 rows; the
-    one-pass kernel otherwise. On an H200 (2026-12-01, ctx 1k-32k, S 1-16, H = 64) two-pass was
-    faster at 34 of the 36 Q >= 4 shapes (0.65x and 0.91x at two sub-0.2 ms ones) and slower at
-    Q = 1; narrow latents (the shipped small pair's 64) were not measured with it. Its 128x256
-    score tiles were 1.02-1.25x faster than 128x128 at 12 ctx 8k-32k shapes; at six one-stream
-    shapes (ctx 1k and 8k, Q 4-64) the two tiles came out 0.68-1.20x apart either way within one
-    run, inside that run's noise at these sub-0.3 ms times, so no few-programs exception is kept
-    (session 16). Plain decode
-    (<= 64 rows) over >= 2^17 stream-slots takes 64-row tiles (every head of a stream in one
-    program, the cache read once): 1.07-1.27x faster at ctx 8k S 16 and ctx 32k S 8, 16; at ctx
-    8k S 8 they were 0.78x (twice the context splits of 32-row tiles, whose float32 partials
-    then rival the cache in bytes). A 16-bit rope narrower than MIN_DOT_K keeps the one-pass
-    kernel, whose small tiles afford `dot_f32`'s broadcast product for it."""
+    The two-pass GEMMs (two_pass.py, TwoPassConfig's 128x256 score tiles at every such shape) for
+    K2-class widths once a stream has >= 256 rows over >= 1024 slots; the one-pass kernel
+    otherwise. Plain decode (<= 64 rows) over >= 2^17 stream-slots takes 64-row tiles (every head
+    of a stream in one program, the cache read once); below that, 32-row tiles, whose fewer
+    context splits keep the float32 partials small. A 16-bit rope narrower than MIN_DOT_K keeps
+    the one-pass kernel, whose small tiles afford `dot_f32`'s broadcast product for it. The
+    measurements behind each threshold: docs/kernels/mla_attention.md."""
     narrow_16bit = rope < MIN_DOT_K and jnp.dtype(dtype).itemsize == 2
     if (rows >= _TWO_PASS_ROWS and v_dim >= _TWO_PASS_V_DIM and num_slots >= _TWO_PASS_SLOTS
             and not narrow_16bit):
@@ -222,7 +212,7 @@ def mla_attention_pallas(q, kv, ctx_lens, node_mask, *, scale: float, v_dim: int
         row_mask = row_masks(node_mask, num_h, heads_first, config)
         if q_rope is not None and rope == score_chunk(v_dim):
             # one [R, Dk] query lets the scores GEMM take the rope chunk inside its pipelined loop
-            # (3-5% faster on an H200 at K2 sizes); the concatenation costs a copy of q
+            # (faster than a separate rope dot); the concatenation costs a copy of q
             q_rows = qr_rows = jnp.concatenate([q_rows, qr_rows], axis=-1)
             q_rope = None
         out = mla_attention_two_pass(q_rows, qr_rows, kv, ctx_lens, row_mask, scale=scale, v_dim=v_dim,

@@ -2,20 +2,19 @@
 
 The kernel walks each stream's keys in 128-key pairs: its whole context pairs, then the tail
 pairs (the last ctx % 128 context keys and the Q tree tokens, in 64-key tiles; a run that ends
-in half a pair loads and takes that tile first: `load_schedule`). With too few row
-blocks to fill the GPU, the W CTAs of each row block are shared out among the streams as runs of
-consecutive pairs (`run_schedule`), in proportion to the pairs each stream walks: with ragged
-contexts a long stream gets more runs, so every run walks about U / W of the U pairs in all
-(with W / S runs for every stream the longest stream's runs set the time: 1.4-1.8x slower at the
-same total, BENCHMARKS.md issue 5, session 31). CTA f of a row block is run k of stream s, in
-stream order (`run_of`); its part of the output is part f, and the merge finds stream s's parts
-at first[s] .. first[s] + count[s] - 1 by the same rule. The rule uses int32 scalar ops only, on
-a Python list of the S streams' totals, so the kernel, the merge kernel and their XLA twins
-compute the same schedule (and need no XLA kernel to pass it between them). Unsplit calls (one
-CTA per row block and stream) cannot share a stream's work out; with balance they launch the
-streams longest first instead (`stream_order`), so that the long streams' CTAs are not left for
-the last wave; split calls past one wave likewise launch their runs longest first (`part_order`,
-from the schedule in array ops, `part_runs`).
+in half a pair loads and takes that tile first: `load_schedule`). With too few row blocks to fill
+the GPU, the W CTAs of each row block are shared out among the streams as runs of consecutive
+pairs (`run_schedule`), in proportion to the pairs each stream walks: with ragged contexts a long
+stream gets more runs, so every run walks about U / W of the U pairs in all (with W / S runs for
+every stream the longest stream's runs would set the time). CTA f of a row block is run k of
+stream s, in stream order (`run_of`); its part of the output is part f, and the merge finds
+stream s's parts at first[s] .. first[s] + count[s] - 1 by the same rule. The rule uses int32
+scalar ops only, on a Python list of the S streams' totals, so the kernel, the merge kernel and
+their XLA twins compute the same schedule (and need no XLA kernel to pass it between them).
+Unsplit calls (one CTA per row block and stream) cannot share a stream's work out; with balance
+they launch the streams longest first instead (`stream_order`), so that the long streams' CTAs
+are not left for the last wave; split calls past one wave likewise launch their runs longest
+first (`part_order`, from the schedule in array ops, `part_runs`).
 """
 
 from __future__ import annotations
@@ -55,9 +54,8 @@ def load_schedule(j, num_tiles, half_tail):
     half a pair when half_tail is 1 (its tail's odd last tile). Without: tile j into slot j % 2.
     With: that last tile first, into slot 1, then tiles 0 .. num_tiles - 2 in order, tile t into
     slot t % 2. Either way every whole pair's first tile, which consumer 0 scores first, lies in
-    slot 0 and is loaded before the pair's second. (Loading the half pair into slot 0 instead left
-    each later pair's first-scored tile loaded second, waiting on the slot freed last: 18-28%
-    slower on the H200; BENCHMARKS.md issue 5, session 51.) Python or traced ints."""
+    slot 0 and is loaded before the pair's second, so consumer 0 never waits on the slot freed
+    last. Python or traced ints."""
     tile = jnp.where(half_tail == 1, jnp.where(j == 0, num_tiles - 1, j - 1), j)
     return tile, lax.rem(j + half_tail, 2)
 
@@ -162,7 +160,7 @@ def part_order(ctx_lens, num_q: int, width: int):
     with balance whose CTAs exceed one wave launch them in this order, all row blocks of the
     longest run first, so the long runs are not left for the last wave. A rank by [W, W]
     comparisons and its inverse by [W, W] selects, not a sort: XLA fuses them with the schedule's
-    element-wise ops (an argsort was six small kernels, 6-7 us on the H200, session 33)."""
+    element-wise ops."""
     pairs = part_runs(ctx_lens, num_q, width)[2]                                       # [W]
     f = jnp.arange(width, dtype=jnp.int32)
     ahead = (pairs[None, :] > pairs[:, None]) | ((pairs[None, :] == pairs[:, None]) & (f[None, :] < f[:, None]))

@@ -1,21 +1,22 @@
 """Two-pass Pallas:Triton MLA tree-verify attention: a scores GEMM, then a P @ V GEMM.
 
 The one-pass (flash) kernel carries a [rows, v_dim] float32 accumulator beside the QK^T tile; at
-Kimi-K2's v_dim = 512 that leaves 32-row tiles, and it reached 31-36% of the roofline on an H200.
-Tree verification is compute-bound (about 121 x Q FLOP per byte of latent cache), so this path
-spends memory bandwidth to let both matmuls run as plain, large-tile GEMMs:
+Kimi-K2's v_dim = 512 that leaves 32-row tiles that under-use the tensor cores. Tree verification
+is compute-bound (about 121 x Q FLOP per byte of latent cache), so this path spends memory
+bandwidth to let both matmuls run as plain, large-tile GEMMs:
 
 1. scores (grid: key tile x row block x stream): S = scale * q @ k^T for a [score_m, score_n]
    tile, masked, then P = exp(S - m_tile) written as [S, R, T * score_n] in kv.dtype, with the
    tile's row max m (in log2 units: every exponential is an exp2) and row sum l ([S, T, R]
-   float32). Two launches: the whole context tiles with
-   no masking at all, then the "edge" tiles (the partial last context tile and the tree tiles,
-   which carry the key bounds and the ancestor bitmask) writing into the first launch's buffers.
+   float32). Two launches: the whole context tiles with no masking at all, then the "edge" tiles
+   (the partial last context tile and the tree tiles, which carry the key bounds and the ancestor
+   bitmask) writing into the first launch's buffers.
 2. P @ V (grid: value column block x [split x] row block x stream): each program first folds its
    rows' (m, l) over the stream's tiles into the row max and sum, then accumulates
    sum over tiles of (exp(m_tile - m_row) / l_row * P_tile) @ V_tile with a float32 accumulator
-   only pv_v wide (P scaled in kv.dtype: one multiply per two scores). With few programs (one stream, few rows) the context is split across
-   programs; the factors are already global, so the float32 partials simply add.
+   only pv_v wide (P scaled in kv.dtype: one multiply per two scores). With few programs (one
+   stream, few rows) the context is split across programs; the factors are already global, so
+   the float32 partials simply add.
 
 Key tiles of a stream: ceil(ctx / score_n) context tiles (slots n * score_n ..), then
 ceil(Q / score_n) tree tiles whose columns are tree tokens t = 0 .. (slots ctx + t), so a tree
@@ -37,7 +38,7 @@ from pallas_kernels.pallas_compat import LOG2E, dot_f32, interpret_mode, pl, plg
 
 _P_BYTES = 2 << 30          # the largest P buffer one group of streams may use
 _WORD = 32                  # tree tokens per bitmask word
-_PV_PROGRAMS = 264          # P @ V programs wanted: about two waves of an H200's 132 SMs
+_PV_PROGRAMS = 264          # P @ V programs wanted: about two waves of 132 SMs (H100 / H200)
 _MIN_SPLIT_STEPS = 8        # fewest context steps (of pv_k keys) a P @ V split gets
 _CHUNK = 64                 # Dk depth of one scores-GEMM step
 
@@ -52,7 +53,7 @@ def score_chunk(v_dim: int) -> int:
 class TwoPassConfig:
     """Tiles and launch parameters of the two GEMMs (scores: m x n; P @ V: m x v, k deep)."""
     score_m: int = 128
-    score_n: int = 256          # 128x256 was 1.02-1.25x faster than 128x128 or 256x128 (H200, 12 shapes)
+    score_n: int = 256          # 128x256: the fastest score tile (docs/kernels/mla_attention.md)
     score_warps: int = 8
     score_stages: int = 3
     pv_m: int = 128
@@ -79,8 +80,7 @@ class TwoPassConfig:
 def _scores_kernel(ctx_ref, q_ref, qr_ref, kv_ref, mask_ref, p_ref, m_ref, l_ref, *, scale, v_dim, rope,
                    rope_col, chunk, num_q, rows, block_m, block_n, kind):
     """One [block_m, block_n] tile of P, m, l. Program n of a launch of `kind`:
-    "full": context tile n when it is whole (no masking at all: on an H200 at ctx 8k-32k this
-    launch structure was 3-16% faster than masking every context tile by its key bounds);
+    "full": context tile n when it is whole (no masking at all);
     "edge": n = 0 the partial last context tile (if any), n >= 1 tree tile n - 1 (key bounds
     and the ancestor bitmask)."""
     n = pl.program_id(0)
@@ -171,7 +171,7 @@ def _pv_kernel(ctx_ref, p_ref, m_ref, l_ref, kv_ref, o_ref, *, num_q, rows, bloc
         p = plgpu.load(p_ref.at[rws, pl.ds(col0, block_k)], mask=row_ok[:, None], other=0)
         m = plgpu.load(m_ref.at[col0 // block_n, rws], mask=row_ok, other=-jnp.inf)
         v = plgpu.load(kv_ref.at[pl.ds(start, block_k), pl.ds(c0, block_v)], mask=key_ok[:, None], other=0)
-        f = jnp.exp2(m - m_row) * inv_l         # scaling P in kv.dtype was 0-2% faster than in f32
+        f = jnp.exp2(m - m_row) * inv_l         # the tile's factor, applied to P in kv.dtype below
         return acc + dot_f32(p * f.astype(p.dtype)[:, None], v, 0)
 
     def ctx_body(i, acc):                       # P column = cache slot
@@ -225,7 +225,7 @@ def scores(q_rows, qr_rows, kv, ctx_lens, row_mask, *, scale, v_dim, rope, rope_
 
 
 def pv_splits(num_s: int, rows: int, v_dim: int, num_slots: int, num_q: int, config: TwoPassConfig) -> int:
-    """Context splits of the P @ V pass: enough programs for about two waves of an H200's SMs,
+    """Context splits of the P @ V pass: enough programs for about two waves of the GPU's SMs,
     each split at least _MIN_SPLIT_STEPS steps of context."""
     c = config
     programs = num_s * -(-rows // c.pv_m) * (v_dim // c.pv_v)

@@ -2,7 +2,8 @@
 
 Implementations: "xla" (xla.py), "pallas_triton" (pallas_triton.py), "triton" (triton_impl.py,
 jax-triton, GPU only; what "auto" takes on a GPU where jax-triton is installed, else
-"pallas_triton"). See docs/INTERFACES.md, section "pallas_kernels.moe".
+"pallas_triton"). See docs/INTERFACES.md, section "pallas_kernels.moe", and the design note
+docs/kernels/moe.md.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ __all__ = ["moe_experts", "prepare_experts_bf16", "prepare_experts_int4", "exper
 
 @registry.chooser("moe_experts")
 def _prefer_triton(x, topk_ids, topk_weights, experts) -> str:
-    """impl="auto" on a GPU: the raw Triton kernels. On the H200 (BENCHMARKS.md, issue 4, session
-    41) they ran level with or up to 7% ahead of the Pallas kernels with float16 scales at T = 1..2048
-    (0.4% behind once, at T = 520), and within 4% either way with bf16 scales (ahead in 8 of the 12
-    same-run pairs at T = 64, 256, 520 and 2048). Where jax-triton is missing or their `supports` rule refuses,
-    the registry falls back to "pallas_triton"."""
+    """impl="auto" on a GPU: the raw Triton kernels (level with or ahead of the Pallas kernels:
+    docs/kernels/moe.md). Where jax-triton is missing or their `supports` rule refuses, the
+    registry falls back to "pallas_triton"."""
     return "triton"
 
 

@@ -17,9 +17,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-# T*k up to which the place in the expert's run is counted, not sorted: on the H200 (K2 routing,
-# 16-row blocks) the counting form took 7.9-14.6 us up to 4,160 slots and 31.6 at 8,320 against
-# the sort's 18.8-59.3 and 70.8; at 16,384 the sort is faster (67.5 against 89.8).
+# T*k up to which the place in the expert's run is counted, not sorted: counting is the faster
+# form up to about 10k slots, the sort above (docs/kernels/moe.md).
 COUNT_MAX_SLOTS = 10240
 
 

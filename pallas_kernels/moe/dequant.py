@@ -18,8 +18,8 @@ scale, to the weights or to the dot output). Two routes:
   emitted right before its dot, keeps one plane live at a time. The sources: ptx.py.
   The register pair being K rows (r, r + 1) of one column holds for mma.sync's operands (blocks of
   16-32 rows) and for wgmma's register operand (swap_ab), not for the shared-memory weight tile
-  Triton gives wgmma for blocks of 64 rows or more: there every such block came out wrong on the
-  H200 (BENCHMARKS.md, issue 4, session 49), so `MoEConfig.check` refuses "asm" with bm >= 64.
+  Triton gives wgmma for blocks of 64 rows or more (there a register pair is two columns of one
+  row), so `MoEConfig.check` refuses "asm" with bm >= 64.
 - "bits": plain lax bit ops on each element, which needs the word of its row pair's other row too
   (`partner`, the tile with rows r and r ^ 1 swapped; `row_words` sorts each row's 16 bits out of
   the two once per K block). For bf16, the nibble is OR-ed into 0x4300, giving 128 + nibble

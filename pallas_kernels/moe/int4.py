@@ -29,7 +29,7 @@ from pallas_kernels.moe.ptx import FUSED_M
 
 SCALE_DTYPES = (jnp.bfloat16, jnp.float16)
 # Version of the kernel layout below; saved with Orbax checkpoints of converted experts
-# (1: each word one column's 8 planes, until 2026-12; 2: planes 0-3 / 4-7 of a row pair per word).
+# (1: each word one column's 8 planes; 2: planes 0-3 / 4-7 of a row pair per word).
 LAYOUT_VERSION = 2
 GROUP = 32
 KBLOCK = 256          # K block of the kernel layout: 8 nibble planes x 32 rows

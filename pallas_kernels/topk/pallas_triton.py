@@ -274,11 +274,9 @@ def _warps(n: int) -> int:
 
 def select_config(rows: int, V: int, k: int) -> SelectConfig:
     """The sizes the registered operations use unless SELECT is set: the defaults, except where
-    the default group step would keep every group (a small vocabulary, such as the shipped pair's
-    2048 with K = 64). Then the group step keeps half of them (group_cap 1), and with up to 64
-    rows the element step stops at up to 2 kp candidates (elem_cap 2). H200, V = 2048, K = 64,
-    float32, device time per call (experiments/results/topk_small_vocab_h200_session13.json):
-    15 rows 11.5 -> 8.2 us, 60 rows 12.6 -> 9.0 us, 240 rows (group_cap 1 alone) 14.6 -> 11.7 us."""
+    the default group step would keep every group (a small vocabulary, such as V = 2048 with
+    K = 64). Then the group step keeps half of them (group_cap 1), and with up to 64 rows the
+    element step stops at up to 2 kp candidates (elem_cap 2). Timings: docs/kernels/topk.md."""
     cfg = SelectConfig()
     groups = pow2_at_least(-(-V // group_size(V, k)))
     if cfg.group_cap * pow2_at_least(k) < groups:

@@ -15,7 +15,7 @@ stream, the latent-cache entry of path node p moves from slot start + path[p] to
 every layer (p < accept_len; nodes precede their children, so path[p] >= p); other slots and
 inactive streams keep theirs. Implementations: "xla" (follow_tree's parallel form, gathers and a
 scatter per layer), "pallas_triton" (one kernel, one program per stream: the walk, the gathers and
-every layer's compaction).
+every layer's compaction). Design note: docs/kernels/tree_accept.md.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Implementations, each two stages (`stages(impl)` -> (search, assemble), for timi
                    scatters and an ancestor loop (`pallas_kernels.tree_search.xla`);
   "pallas_triton": one kernel for all depths and the merge, one for the assembly
                    (`pallas_kernels.tree_search.pallas_triton`).
+Design note: docs/kernels/tree_search.md.
 """
 
 from __future__ import annotations

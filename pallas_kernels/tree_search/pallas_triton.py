@@ -34,13 +34,11 @@ from pallas_kernels.topk.pallas_triton import (at, barrier, exclusive_cumsum, in
                                                pow2_at_least, superset)
 from pallas_kernels.tree_search.xla import LOGP_FLOOR
 
-# Warps of the search kernel; 0: by the candidate pairs, 4 (budget <= 64) to 16 (budget >= 256).
-# H200, --peak=12 trees: budget 64 5.9 us with 4 warps against 6.6 with 16 (S=16); budget 256
-# 26.3 us with 16 against 28.3 with 8.
+# Warps of the search kernel (read when traced); 0: by the candidate pairs, 4 (budget <= 64) to 16
+# (budget >= 256). Timings: docs/kernels/tree_search.md.
 SEARCH_WARPS = 0
-# Columns of the search's pairwise comparison tiles [Bc, SEARCH_COLS] (read when traced). 16: no
-# register spills (ptxas, sm_90a); H200, S=16, budget 256: 12.4 us per search against 16.8 with the
-# earlier 64 columns, which spilled 560 bytes per thread.
+# Columns of the search's pairwise comparison tiles [Bc, SEARCH_COLS] (read when traced); 16 keeps
+# the kernel free of register spills on sm_90a (docs/kernels/tree_search.md).
 SEARCH_COLS = 16
 ASSEMBLE_ENTRIES = 16384  # visibility entries (rows x columns) per assemble program
 
