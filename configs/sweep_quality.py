@@ -1,5 +1,6 @@
-"""Quality bar of the shipped pair (issue 7): DFlash chain vs DDTree at budget 64, temperature 0, all 20
-held-out prompts as 20 streams of one run (acceptance does not depend on the batching).
+"""Quality bar of the shipped pair (BENCHMARKS.md, The shipped pair): DFlash chain vs DDTree at
+budget 64, temperature 0, all 20 held-out prompts as 20 streams of one run (acceptance does not
+depend on the batching).
 
     python experiments/speculative_sweep.py --config=configs/sweep_quality.py
 """

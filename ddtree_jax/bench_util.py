@@ -361,8 +361,8 @@ def load_profile(fn: Callable, arg_sets: Sequence[tuple], *, load_s: float = 3.0
     """Device time per call in two regimes, from one `loaded_trace` of `load_s` seconds after
     `idle_s` idle seconds (each set called once untimed first): burst_us is the median busy time
     (`calls_busy`) of the calls that start in the first `burst_ms` (the SM clock still high),
-    sustained_us of those that start `settled_s` or more in (on an H200 at T >= 16 MoE tokens, the
-    700 W cap by then; BENCHMARKS.md, issue 4, session 45). Also calls, kernels_per_call,
+    sustained_us of those that start `settled_s` or more in (on an H200 at T >= 16 MoE tokens, at
+    the 700 W cap by then; BENCHMARKS.md, INT4 W4A16 grouped MoE GEMM). Also calls, kernels_per_call,
     {burst,sustained}_calls and, with clocks, {burst,sustained}_clocks (GpuClocks windows of the
     same spans). None when the trace holds no device kernels (a CPU)."""
     sets = list(arg_sets)
@@ -389,9 +389,9 @@ def regimes(calls: Sequence[tuple[float, float]], h0: float, h1: float, *, burst
     settled_s on; None where there are none), burst_calls / sustained_calls and, with clocks,
     burst_clocks / sustained_clocks (GpuClocks windows of the same spans). Also first_us /
     first_calls (/ first_clocks): the calls in the burst window's first quarter, the first call at
-    least. A heavy call can be throttled inside the burst window: on the H200 the MoE op at T = 1024
-    ran its first 8-11 calls (28-39 ms) at 3.41 ms and the rest of the first 100 ms at 3.5-4.0 ms,
-    so the burst median landed on either side of that step (BENCHMARKS.md, issue 4, session 54)."""
+    least. A heavy call can be throttled inside the burst window (on an H200, the MoE op at T = 1024
+    some 30-40 ms in), so the burst median can land on either side of that step, while the first
+    quarter stays before it (BENCHMARKS.md, INT4 W4A16 grouped MoE GEMM)."""
     out = {}
     for name, lo, hi in (("burst", 0.0, burst_ms * 1e3), ("first", 0.0, burst_ms * 1e3 / 4),
                          ("sustained", settled_s * 1e6, np.inf)):

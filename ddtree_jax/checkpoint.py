@@ -392,7 +392,7 @@ def restore_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
 
 def _check_int4_layout(path: str) -> None:
     marker = os.path.join(path, "int4_layout.json")
-    version = 1                                     # checkpoints from before the marker existed
+    version = 1                                     # no marker: layout version 1
     if os.path.exists(marker):
         with open(marker) as f:
             version = json.load(f).get("int4_kernel_layout")

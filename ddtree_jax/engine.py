@@ -521,8 +521,8 @@ def decode_loop_for(plan: Plan, decode_loop: str = "auto") -> str:
     calls of `decode_steps`: `decode`) or "device" (one call of `_decode_on_device` runs the whole
     decode, checking every `steps_per_call` steps whether a stream has tokens left). "auto": "host" for ar
     without stop tokens, whose step count is known before it starts (the host dispatches exactly
-    those calls and reads nothing), "device" otherwise. On an H200 one read of a device array costs
-    the host ~0.2 ms, more than half an ar step (BENCHMARKS.md, session 11)."""
+    those calls and reads nothing), "device" otherwise. A host read of a device array can cost
+    more than half a small model's ar step (BENCHMARKS.md, Decode loops)."""
     if decode_loop not in DECODE_LOOPS:
         raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {decode_loop!r}")
     if decode_loop == "auto":
@@ -553,10 +553,8 @@ def exact_steps(plan: Plan, left0: np.ndarray) -> int | None:
 # recorded into CUDA graphs as well (XLA's default records fusions, library calls and custom calls,
 # and drives a while loop from the host, which reads the loop's condition every iteration), and
 # graphs of any size are kept. Flags of XLA's GPU backend; other backends accept and ignore them.
-# H200, shipped pair, every held-out prompt alone, ddtree@64 with 2 steps per check, interleaved
-# in one process, 3 processes: 171.9-175.2 ms against 189.6-197.4 ms with XLA's defaults. ar's
-# host-loop step measured 2.5% slower with them (548.8 against 535.3 ms), so it keeps the defaults
-# (BENCHMARKS.md, issue 7, session 16).
+# They make the device loop's decode faster and ar's host-loop step slower, so only the device
+# loop is compiled with them (BENCHMARKS.md, Decode loops).
 DEVICE_LOOP_GRAPHS = {
     "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,"
                                      "WHILE,CONDITIONAL",
@@ -580,9 +578,8 @@ class CompiledDecode:
     the same from decode to decode.
 
     XLA records CUDA graphs against buffer addresses and records them again when an argument
-    lives somewhere new: on an H200 that took 0.3-1.1 ms of host time at the start of each
-    decode of the shipped pair's device loop, with the device idle, against ~7 ms of kernels
-    (BENCHMARKS.md, issue 7, session 17). So the next decode's state goes into the buffers the
+    lives somewhere new, which costs host time at the start of a decode while the device idles
+    (BENCHMARKS.md, Decode loops). So the next decode's state goes into the buffers the
     last call returned: `prefill(..., into=call)` writes it there, or `load(state)` copies a
     prefilled state there (one small donated copy, `_place`; for decoding one prefilled state
     several times), and the call runs the graphs as recorded. The state a call returns stays
@@ -652,17 +649,17 @@ def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: 
 
     Each call's `left` counts start their copy to the host when the call is dispatched; the host
     reads them once the device has produced them and blocks only while `max_lag` of them are
-    outstanding, so the device never waits for the host's round trip (on an H200 that round trip
-    took more than half of the shipped pair's step). Calls dispatched after the last useful one
+    outstanding, so the device never waits for the host's round trip (which can cost more than
+    half a small model's step). Calls dispatched after the last useful one
     would still cost device time, so once counts have arrived the host paces itself: it
     dispatches another call only while `steps_to_finish` predicts more steps than those already
     in flight, and otherwise waits for the next counts (ar's prediction is exact; a speculative
     one that proves short costs the device one host round trip). pace=False: dispatch up to
     `max_lag` calls ahead to the end, as for an unknown finish; `generate` paces only with several
     steps per call: with one, the host's dispatch already sets the pace and the prediction's own
-    host time showed (H200: 9-15% slower decodes at k=1, BENCHMARKS.md).
+    host time would slow the decode (BENCHMARKS.md, Decode loops).
     left0 [S]: tokens each stream has left before the first step, if the caller knows them
-    (otherwise three device reads, ~0.2 ms each on an H200). known_steps: the steps that finish
+    (otherwise three device reads). known_steps: the steps that finish
     every stream, if known before the start (ar without stop tokens): the calls that run them are
     dispatched and no counts are read.
     """

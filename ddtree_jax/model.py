@@ -103,7 +103,7 @@ class LatentCache:
 
 # Cache slots per stream are allocated in multiples of this: the Mosaic GPU attention kernel reads
 # the cache with TMA in (8, 64) tiles, and any other slot count costs it a padded copy of the whole
-# cache on every call (0.3 ms per K2 layer at 32k context, 16 streams: BENCHMARKS.md, issue 5).
+# cache on every call (BENCHMARKS.md, MLA tree-verify attention).
 CACHE_SLOT_ALIGN = 8
 
 
@@ -251,8 +251,8 @@ class MLA(nn.Module):
         w_uk, w_uv = w_kv_b[..., :nope].astype(x.dtype), w_kv_b[..., nope:].astype(x.dtype)
         vis = effective_visibility(visibility, num_new)
         if mode == "absorbed":  # heads first: the per-head matmuls' own layout, no [t, h] transposes
-            # The latent and rope parts go in apart: concatenated, XLA wrote the [S, H, T, Dk] query
-            # through a slow transpose fusion (H200, shipped pair: 8.9 us a layer at T = 65).
+            # The latent and rope parts go in apart: concatenated, the [S, H, T, Dk] query costs XLA
+            # a slow transpose fusion.
             q_lat = jnp.einsum("sthn,lhn->shtl", q_nope, w_uk)
             attend = functools.partial(registry.get("mla_attention", attn_impl), scale=cfg.softmax_scale,
                                        v_dim=lora, heads_first=True, balance=attn_balance)

@@ -3,14 +3,14 @@ reported: greedy speculative decoding against plain greedy decoding (ar), and a 
 against the same program on one device.
 
 Greedy decoding is exact only in exact arithmetic. In bf16 a stream can leave ar's tokens at a
-near-tie in the target's logits, where the verify's batch shapes round differently from ar's (on
-the H200, 7-9 of 20 held-out streams did; BENCHMARKS.md). `check_greedy` therefore accepts a stream
+near-tie in the target's logits, where the verify's batch shapes round differently from ar's (how
+often: BENCHMARKS.md, The shipped pair). `check_greedy` therefore accepts a stream
 that differs from ar's only if, at its first differing token, the target's float32 logits (params
 cast up, "highest" matmul precision) put the two tokens within TIE_REL x the row's largest |logit|
 of each other; after that point the streams decode different contexts and are not compared.
-TIE_REL = 5e-2: the shipped pair's bf16 logits were at most 0.21 (1.4% of the row's largest) from
-its float32 logits on the CPU, and its three bf16 divergences there were float32 ties within 0.008;
-a wrong token of a trained target is typically nats below the argmax.
+TIE_REL = 5e-2: the shipped pair's bf16 logits lie within 0.21 (1.4% of the row's largest) of its
+float32 logits on the CPU, and its bf16 divergences there are float32 ties within 0.008; a wrong
+token of a trained target is typically nats below the argmax.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ holds the B prefixes first in the order, shared with the golden
 where a rank is a token's position in its depth's (logit desc, token asc) order. A parent always
 precedes its children, so the set is prefix-closed and equals a heap's best-first pops.
 
-Parallel exact form (DESIGN.md section 2): per depth, extend the previous depth's top-B prefixes by
+Parallel exact form (docs/design.md, section 2): per depth, extend the previous depth's top-B prefixes by
 this depth's top-K tokens (K = min(B, V)) and keep the top B; then merge the L sorted lists. With
 parents and children each sorted, pair (parent slot i, rank j) can only be in a depth's top B when
 (i+1)(j+1) <= B, so a depth's candidates number about B ln B rather than B*K. Everything is

@@ -6,15 +6,14 @@ from importlib import metadata
 
 # The suite is dominated by XLA:CPU compilation of small programs: LLVM at optimisation level 0, and
 # (jaxlib < 0.11) fusions from XLA:CPU's older elemental emitter, which compiles faster than its MLIR
-# fusion emitters (a cold run of three test files: 58 -> 38 s). jaxlib 0.11.2 no longer has that
-# flag (its DebugOptions reserve the name) and XLA exits on an unknown one: only below jaxlib 0.11.
+# fusion emitters. jaxlib 0.11 and later lack that flag (their DebugOptions reserve the name) and
+# XLA exits on an unknown one, so it is set only below jaxlib 0.11.
 _JAXLIB = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", metadata.version("jaxlib")).groups())
 _FLAGS = " --xla_backend_optimization_level=0" + (" --xla_cpu_use_fusion_emitters=false" if _JAXLIB < (0, 11) else "")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + _FLAGS).strip()
 # pytest-xdist workers on one GPU (`pytest -m gpu -n 4`): each would otherwise reserve 75% of its
-# memory at start. The GPU tests' compiles and float64 goldens are CPU-bound: 4 pytest processes
-# side by side on the H200 ran 26 Mosaic GPU cases in 102 s, 20-25 s each alone (BENCHMARKS.md,
-# issue 5, session 52).
+# memory at start. The GPU tests' compiles and float64 goldens are CPU-bound, so several workers
+# share one GPU well.
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 

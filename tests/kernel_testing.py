@@ -47,7 +47,7 @@ def rel_err(out, ref) -> float:
 def assert_close(out, ref, tol: float, what: str = "output") -> None:
     """rel_err(out, ref) <= tol. With DDTREE_TOL_LOG=<file>, each check also appends a line (test,
     what, error, tol, error / tol): run the fresh-seed tests a few times and sort by the last
-    column to find a bound near its error's tail (one such bound failed CI on a fresh seed)."""
+    column to find a bound near its error's tail (such a bound fails CI on some fresh seed)."""
     err = rel_err(out, ref)
     if log := os.environ.get("DDTREE_TOL_LOG"):
         with open(log, "a") as f:

@@ -317,7 +317,7 @@ def _fake_torch(clock: dict):
 def test_sustained_ceilings_time_each_call_by_its_events(monkeypatch, ceiling):
     """sustained_copy / sustained_matmul on a fake torch (100 us per op for the first 5 ms of GPU
     time, 250 us after): each call's us from its own event pair, starts from the first event, the
-    rate of each regime (bytes read + written, or 2 n^3 FLOPs), the buffers released."""
+    rate of each regime (bytes read + written, or 2 n^3 FLOPs), the buffers freed."""
     import sys
     clock = {"gpu_us": 0.0, "ops": 0, "freed": 0}
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(clock))

@@ -223,8 +223,8 @@ def test_orbax_round_trip_bit_exact(tmp_path, quant, dtype):
 
 
 def test_orbax_refuses_int4_experts_of_another_layout(tmp_path):
-    """INT4 experts are saved in the kernels' layout: a checkpoint without the layout marker (saved
-    before it existed, layout 1) or with another version is refused, not misread."""
+    """INT4 experts are saved in the kernels' layout: a checkpoint without the layout marker (read
+    as layout 1) or with another version is refused, not misread."""
     cfg = _cfg("int4")
     save_checkpoint(tmp_path, cfg, _random_params(cfg, jnp.bfloat16, seed=4))
     os.remove(tmp_path / "int4_layout.json")

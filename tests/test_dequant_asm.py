@@ -6,8 +6,8 @@ or float16, the first element in the low half), $1 and $2 the kernel-layout word
 (rows r, r + 1 of a K block's word tile), $3 and $4 the x2 multipliers and offsets (fused forms).
 The interpreter's fma is exact in float64 and rounds once to the 16-bit type, subnormals included,
 as the PTX manual defines fma.rn without .ftz; the GPU tests of test_moe_kernels check the hardware. The expected values
-come from the row pair's plane words L0, L1 (nibble j = plane j, the arithmetic the kernels
-replaced), stored as `int4.py` documents: $1 = L0[0:16] | L1[0:16] << 16, $2 = L0[16:32] | L1[16:32] << 16.
+come from the row pair's plane words L0, L1 (nibble j = plane j, the plain nibble
+arithmetic), stored as `int4.py` documents: $1 = L0[0:16] | L1[0:16] << 16, $2 = L0[16:32] | L1[16:32] << 16.
 """
 
 from __future__ import annotations

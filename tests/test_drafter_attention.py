@@ -52,7 +52,7 @@ def test_matches_golden_bfloat16(impl, hd):
     """bf16 operands, float32 accumulation and softmax: relative error within 4e-3 (the
     probabilities are rounded to bf16 before P @ V; over 150 seeds at most 1.9e-3 (xla) / 1.3e-3
     (pallas_triton) at head_dim 64, 2.7e-3 / 2.4e-3 at head_dim 8).
-    head_dim 8 takes pallas_compat.dot_f32's K < 16 path (a 16-bit K = 8 Triton dot was wrong on
+    head_dim 8 takes pallas_compat.dot_f32's K < 16 path (a 16-bit K = 8 Triton dot is wrong on
     the H200)."""
     rng = fresh_rng()
     args = _inputs(rng, 2, 16, 4, 1, hd, 300)

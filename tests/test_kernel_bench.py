@@ -113,7 +113,7 @@ def test_all_tokens_error_catches_block_local_faults():
     (["--impls=variants", "--variants=bn_up=128;bm=64"], "MoEConfig.dequant='asm' needs bm <= 32"),
 ])
 def test_kernel_bench_refuses_bad_impls_before_device_work(argv, words, tmp_path):
-    """An unknown implementation (once run as the bf16-weights path), raw-kernel variants that
+    """An unknown implementation (never run as another path), raw-kernel variants that
     would time the tuned kernels under another name (a field those kernels ignore), or a set no kernel runs correctly (PTX
     dequantisation in 64-row blocks): refused by name, before any device work."""
     out = _run([os.path.join(ROOT, "experiments", "kernel_bench.py"), f"--out_dir={tmp_path / 'kb'}", *argv])
@@ -307,12 +307,12 @@ def test_mla_mosaic_probe_lowers():
     memory, or from registers); at these shapes (balance off, every row block whole: R a multiple
     of 64, one wave of CTAs) the shape otherwise sets only grid and operand sizes. Every one of
     those 2 x 2 x 2 kernels is lowered, 8 cases (PROBE_CASES; the full product over the 3 shapes
-    was 12, 4 of them a second shape of cluster 1 for a combination already lowered):
+    is 12, 4 of them a second shape of cluster 1 for a combination already lowered):
     1024:2:2 (Q 2 x 64 heads = 2 row blocks, cluster 2, S 2) at splits 1 and 3 with both epilogues;
     1024:3:1 (3 row blocks, cluster 1, S 1) at splits 1 with both epilogues; 2048:1:2 (1 row
     block: decode, cluster 1, S 2) at splits 3 with both epilogues. A ninth, 1024:4:1 with
-    --clusters=4, lowers the 4-CTA cluster the probe's A/B timed (BENCHMARKS.md, issue 5, session
-    55). (The operands are made and prepared on the CPU: FAST_COMPILE.)"""
+    --clusters=4, lowers a 4-CTA cluster, the probe's other cluster size (BENCHMARKS.md, MLA
+    tree-verify attention). (The operands are made and prepared on the CPU: FAST_COMPILE.)"""
     out = _check(f"CASES = {PROBE_CASES!r}\n" + PROBE_CHECK, FAST_COMPILE)
     want = {f"ctx={ctx} Q={q} S={s} splits={k} cluster={cl} epilogue={e}: lowered"
             for ctx, q, s, cl, splits in (("1024", 2, 2, 2, (1, 3)), ("1024", 3, 1, 1, (1,)), ("2048", 1, 2, 1, (3,)))

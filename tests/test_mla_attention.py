@@ -25,8 +25,8 @@ from pallas_kernels.mla_attention.reference import (mla_attention_reference,
                                                     visibility_from_mask_reference)
 from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
 
-# bf16: inputs and P rounded to bf16, softmax and sums in float32. Measured 1.7-3.0e-3 here (xla,
-# pallas_triton, the mosaic parts) and 2.1-3.1e-3 for the compiled kernels on the H200.
+# bf16: inputs and P rounded to bf16, softmax and sums in float32. Errors lie at 1.7-3.0e-3 here
+# (xla, pallas_triton, the mosaic parts) and at 2.1-3.1e-3 for the compiled kernels on an H200.
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 6e-3}
 
 
@@ -265,7 +265,7 @@ def test_block_config_parse():
     assert cfg.name == "64x32x4x2" and pallas_triton.BlockConfig.parse("32x64x4x2") == pallas_triton.BlockConfig()
     capped = pallas_triton.BlockConfig.parse("64x64x8x2s9")      # context splits given
     assert capped.num_splits == 9 and capped.name == "64x64x8x2s9"
-    for bad in ("64x32x4x2v2", "64x32x4x2s0", "64x32x4x2s", "64x32x4s2"):   # v_split was removed
+    for bad in ("64x32x4x2v2", "64x32x4x2s0", "64x32x4x2s", "64x32x4s2"):   # no v_split field
         with pytest.raises(ValueError, match="BMxBNxWARPSxSTAGES"):
             pallas_triton.BlockConfig.parse(bad)
 
@@ -360,7 +360,7 @@ def test_two_pass_config_parse_and_checks():
     assert cfg == two_pass.TwoPassConfig(128, 64, 4, 3, 64, 256, 32, 8, 2) and cfg.name == "tp128x64x4x3-64x256x32x8x2"
     assert pallas_triton.parse_config(two_pass.TwoPassConfig().name) == two_pass.TwoPassConfig()
     assert pallas_triton.parse_config("32x64x4x2") == pallas_triton.BlockConfig()
-    for bad in ("tp128x64x4x3", "tp128x64x4x3-64x256x32x8x2be"):      # the b / e options became the default
+    for bad in ("tp128x64x4x3", "tp128x64x4x3-64x256x32x8x2be"):      # no b / e options (always on)
         with pytest.raises(ValueError, match="tpMxNxWxS-MxVxKxWxS"):
             pallas_triton.parse_config(bad)
     q, kv, ctx_lens, node_mask, _ = make_case(1, 3, 2, 24, 16, 40, [10], ["chain"], jnp.float32)
@@ -387,7 +387,7 @@ GPU_CASES = [  # (id, S, Q, H, N, ctx, config): K2 widths (Dk 512 + 64), bf16
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"case{c[0]}")
 def test_gpu_k2_shapes(case):
     """Both paths compiled (not interpreted) at K2 widths and real context lengths, both layouts,
-    NaN-poisoned, against the float64 golden (H200, 2026-12-01: rel err 1.2e-4 to 2.6e-3)."""
+    NaN-poisoned, against the float64 golden (on an H200: rel err 1.2e-4 to 2.6e-3)."""
     cid, num_s, num_q, num_h, n, ctx, config = case
     q, kv, ctx_lens, node_mask, _ = make_case(num_s, num_q, num_h, 576, 512, n, ctx, ["bushy", "chain"],
                                               jnp.bfloat16)
@@ -865,9 +865,9 @@ jax.jit(run).trace(*args).lower().compile()
     (8, 1024, 16392, 16, 2, 2, 1)])                            # launch's one-wave split
 def test_gpu_mosaic_kernel_does_not_spill(num_s, rows, slots, num_q, cluster, splits, balance):
     """ptxas spills none of the kernel's registers (its report, MOSAIC_GPU_DUMP_PTXAS, read from a
-    fresh process's compile): with balance at 16 streams the run schedule's values once stayed live
-    into the consumers' loops and spilled 504 bytes, the loops 20% slower (BENCHMARKS.md issue 5,
-    session 32)."""
+    fresh process's compile), with balance at 16 streams too: the run schedule's values must not
+    stay live into the consumers' loops, where a spill slows them (BENCHMARKS.md, MLA tree-verify
+    attention)."""
     import os
     import subprocess
     import sys

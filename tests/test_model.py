@@ -243,9 +243,9 @@ def test_bf16_verify_logits_match_xla(tiny, impl, balance, monkeypatch):
     else its XLA twin in the wrapper; balance: forward(attn_balance=True) reaches every layer's
     attention call (its 2 x 65 row blocks fill one wave, so with balance it splits each stream's
     keys in two under the run schedule). Dense layers only: in a routed layer a ~1e-3 change in the
-    attention output can flip one token's expert set (on the CPU pallas_triton flipped 1 of the
-    130 verify tokens, and that token was 92% of its 2.3% logits error; xla flipped none).
-    pallas_triton on the CPU verifies 17 nodes, not 65: its interpret mode took 70-78 s at 65 (19 s
+    attention output can flip one token's expert set (on the CPU pallas_triton flips 1 of the
+    130 verify tokens, which makes 92% of its 2.3% logits error; xla flips none).
+    pallas_triton on the CPU verifies 17 nodes, not 65: its interpret mode takes 70-78 s at 65 (19 s
     at 17), and the kernel's own tests cover larger trees at these widths."""
     fn = registry._REGISTRY["mla_attention"][impl]
     if impl == "mosaic_gpu" and not mosaic_gpu.is_hopper():

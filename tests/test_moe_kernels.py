@@ -1,16 +1,16 @@
 """moe_experts (every implementation), INT4 packing and routing alignment against float64 goldens.
 
 Tolerances (relative Frobenius error vs the float64 golden on the same dequantised weights):
-float32 activations 1e-5 (measured 2-5e-7: xla and the Pallas kernels use the same f32 math);
+float32 activations 1e-5 (errors of 2-5e-7: xla and the Pallas kernels use the same f32 math);
 bf16 activations 8e-3: the dequantised weights, the SiLU(gate)*up intermediate and the output are
-rounded to bf16, and a norm over few outputs spreads: the T = 1 case (one 96-wide row) measured a
+rounded to bf16, and a norm over few outputs spreads: the T = 1 case (one 96-wide row) has a
 median of 3.45e-3, 99.9th percentile 5.9e-3 and maximum 6.2e-3 over 3000 seeds (xla; pallas_triton
 the same numbers over 300), the float16-scale test's worst of its 9 rows (xla) 4.0e-3 median and
 5.3e-3 maximum over 200; the compiled kernels on the H200 2.3-3.3e-3 at the K2 shape. (At 6e-3, 2
-seeds in 3000 failed the T = 1 case.) INT4 experts with
+seeds in 3000 fail the T = 1 case.) INT4 experts with
 float16 scales, where pallas_triton multiplies in float16: F16_TOL per row, 1e-3 with float16
 activations and output, 3e-3 with bf16 ones (the bf16 output's own rounding is ~1.1e-3 rms; the
-compiled kernels on the H200 measured 1.7e-3 at the K2 shape).
+compiled kernels on the H200 reach 1.7e-3 at the K2 shape).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_f16_scales_match_golden(impl, dtype, w_std):
     Weights of std 0.05 give scales of about 2^-7 .. 2^-5, 0.01 about 2^-9 .. 2^-7: on a GPU the
     fused dequantisation's products then partly round as float16 subnormals (ptx.FUSED_M). (Not
     with float16 activations: their outputs, ~1e-6, would be float16 subnormals themselves. Nor
-    float16 rows of 0.03: in 31 seeds of 3000 some row's outputs were then ~1e-5, where the
+    float16 rows of 0.03: in 31 seeds of 3000 some row's outputs are then ~1e-5, where the
     float16-rounded golden alone is over 1e-3 off; at 0.3, 3000 seeds' rounding stays < 2.6e-4.)"""
     t, k, e, d, i = 9, 2, 5, 288, 96
     rng = fresh_rng()
@@ -483,8 +483,8 @@ def test_tuned_table_is_valid_and_ordered():
 def test_asm_dequant_refused_for_64_row_blocks():
     """The PTX dequantisation writes K-row pairs into one register: the layout of mma.sync's
     operands and of wgmma's register operand (swap_ab), not of the shared-memory weight operand
-    Triton gives wgmma for 64-row blocks, where every such block came out wrong on the H200
-    (BENCHMARKS.md, issue 4, session 49). MoEConfig.check refuses it by field, the raw Triton
+    Triton gives wgmma for 64-row blocks, where every such block comes out wrong on the H200
+    (BENCHMARKS.md, INT4 W4A16 grouped MoE GEMM). MoEConfig.check refuses it by field, the raw Triton
     kernels (which ignore swap_ab) refuse it even with swap_ab, and the bits route and smaller
     blocks stay allowed."""
     from pallas_kernels.moe import triton_impl

@@ -51,7 +51,7 @@ def test_k2_components_by_hand():
         2 * 8 * 192 * 4113 * 1088 / 100e12)
     assert rf.attention_seconds(TOY, rf.UNIT, cfg, 8, 17, 4096, 8) == pytest.approx(
         2 * 8 * 136 * 4113 * 1088 / 100e12)
-    # ... and none at the shapes the "measured" attention was fitted to (sessions 29-30: H 8 and 64,
+    # ... and none at the shapes the "measured" attention calibration comes from (H 8 and 64,
     # Q 1-256 in powers of two): Q 1-4 at 8 heads pad to 64 rows but stay memory-bound
     h200, cal = rf.GPUS["H200"], rf.CALIBRATIONS["measured"]
     for gpus, q, s, ctx in itertools.product((8, 1), (1, 2, 4, 16, 64, 256), (1, 16), (4096, 32768)):

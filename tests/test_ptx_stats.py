@@ -16,7 +16,7 @@ def _op(out: str) -> str:
 
 
 def test_asm_layouts_reads_the_inline_ptx_register_pairs():
-    """Lines as pip Triton 3.6.0 writes them for the MoE kernels (session 49): the tuned kernel's
+    """Lines as pip Triton 3.6.0 writes them for the MoE kernels: the tuned kernel's
     PTX dequantisation in the mma.sync B-operand layout (K-row pairs, right on the H200); a 64-row
     block's also in a blocked layout 8 columns wide per thread (column pairs: wrong on the H200);
     swap_ab's in a linear layout whose first register step is one K row (right on the H200); a

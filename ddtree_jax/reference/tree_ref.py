@@ -1,6 +1,6 @@
 """Numpy goldens for DDTree: a literal heap-based best-first `build_tree`, and `follow_tree`.
 
-Written from the math (DESIGN.md section 2), in float64, without calling the JAX code.
+Written from the math (docs/design.md, section 2), in float64, without calling the JAX code.
 
 Node order (shared with `ddtree_jax.tree`, so ties are broken identically): a depth-d prefix with
 per-depth ranks r_1..r_d (rank = position in that depth's (log-prob desc, token asc) order) and
