@@ -16,7 +16,7 @@ loop (engine.decode as generate runs it with decode_loop="host": for ar without 
 exactly the known calls and no reads), "unpaced" the same without pacing (dispatching `max_lag`
 calls ahead to the end), "device" the whole decode as one call (decode_loop="device", compiled
 with engine.DEVICE_LOOP_GRAPHS), "device_xla_graphs" the same call compiled with XLA's default
-command buffers (the engine before session 16). Before any timing, one untimed decode per loop
+command buffers. Before any timing, one untimed decode per loop
 and batch: every loop must emit the same tokens, and ar's (ddtree_jax.parity.check_greedy: equal,
 or apart from a near-tie in the target's logits at bf16 rounding), ar's being those of an ar point
 of the same streams earlier in --points, else an untimed engine.generate(method="ar"); the timed

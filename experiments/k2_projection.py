@@ -19,7 +19,7 @@ layers x attention - MoE layers x MoE - head) / layers, so it holds the host's g
 attention and MoE kernels are checked against the xla path before they are timed; on a GPU, each
 one's % of its roofline floor uses the copy and matmul ceilings measured in the same run
 (bench_util.measure_ceilings). --measure_scale_dtype=float16 keeps the experts' scales in float16
-(the MoE kernels then multiply in float16; BENCHMARKS.md, issue 4, session 38).
+(the MoE kernels then multiply in float16; docs/kernels/moe.md).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pallas_kernels.mla_attention import visibility_to_mask
 
 FLAGS = flags.FLAGS
 
-# Published Kimi K2.6 numbers on 8 RTX PRO 6000 Blackwell (issue 7)
+# Published Kimi K2.6 numbers on 8 RTX PRO 6000 Blackwell
 PUBLISHED = dict(moe_gb=8.5, moe_ms=7.0, per_token_us_1=150.0, per_token_us_256=6.85,
                  ddtree_tps_1=138.7, ddtree_tps_10=517.0)
 
@@ -106,7 +106,7 @@ def part_seconds(fn, *args, reps: int) -> tuple[float, str]:
     kernels' device time from a profiler trace, as they run inside the forward ("device");
     elsewhere the wall clock's median over reps ("wall"). On the H200 a wall clock of one call per
     round added the host's dispatch and sync, 0.1-0.4 ms, to 0.2-1.1 ms attention calls at 16k
-    (BENCHMARKS.md issue 5, session 35)."""
+    (docs/kernels/mla_attention.md)."""
     if jax.default_backend() == "gpu" and (traced := bench_util.traced_device_time(fn, *args,
                                                                                     calls=max(reps, 10))):
         return traced["busy_us"] * 1e-6, "device"

@@ -1,5 +1,5 @@
 """Kimi K2.6 verify step measured sharded over n GPUs, per engine stage and per layer part, next to
-the roofline projection (issue 8).
+the roofline projection.
 
     # 2 H200s: the first 4 layers (real dims, random INT4 experts), 2-way tensor parallel, then 1-way
     export PYTHONPATH=$PWD; python3 experiments/k2_step_bench.py --layers=4 --devices=2,1 \\
@@ -41,7 +41,7 @@ host's dispatch overlaps the device's work), after one untimed call; compiles ar
 also keeps the SM clock and power-cap state of the mesh's GPUs over it (bench_util.GpuClocks,
 nvidia-smi: their samples pooled, with each GPU's median; the point's "clocks", the table's verify
 column): the H200 lowers its SM clock under its 700 W cap after about 1 s of heavy load, and
-SM-bound work slows with it (BENCHMARKS.md, issue 4, session 45).
+SM-bound work slows with it (docs/kernels/moe.md).
 
 Projection: ddtree_jax.roofline.step_time for the same layer count, n GPUs and context (--gpu,
 --calibration); its verify = attention + MoE + rest + comm + head. It models the "tensor" layout

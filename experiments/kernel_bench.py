@@ -15,7 +15,7 @@ and the rest of the call ("glue": routing alignment, row scaling, combine; `kern
 values), so the Pallas kernels multiply in float16 (pallas_triton.f16_compute).
 
 The kernels follow the SM clock, which an H200 lowers under its 700 W cap after ~1 s of load
-(BENCHMARKS.md, issue 4, session 45): the wall clock runs after --warm_s of calls (sustained), the
+(docs/kernels/moe.md): the wall clock runs after --warm_s of calls (sustained), the
 trace's 16 calls come after a pause (a burst), and every row records both windows' SM clock.
 --load_s=3 (with --trace) adds a second table from one long trace per row: device time per call in
 the first 100 ms (burst; also its first 25 ms, before a heavy call's throttling: T = 1024 is
@@ -92,10 +92,10 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation: devic
 
 # Why the xla path gets no load profile: its call launches 154-10,100 kernels (a scan over the row
 # blocks), and its profiler traces do not come back: 24 calls at T = 256 (243k kernels) ran past
-# 300 s to export (session 50), a 3 s load at T = 1 (about 420k) past 250 s (session 54), while
+# 300 s to export, a 3 s load at T = 1 (about 420k) past 250 s, while
 # dequantise-then-ragged_dot's 259k kernels took 20 s and the kernels' 207k 25 s.
 XLA_NO_LOAD = ("not taken for the xla path: its 3 s trace (150-10,000 kernels per call) does not "
-               "export in minutes (sessions 50, 54)")
+               "export in minutes")
 
 # the two GEMM kernels of a traced moe call: raw Triton names, Pallas names
 _GEMMS = {"gate_up": ("gate_up", "_gate_up_kernel"), "down": ("down", "_down_kernel")}
@@ -221,7 +221,7 @@ def all_tokens_error(out, x, ids, w, experts) -> float:
     """Relative Frobenius error of a variant's whole output `out` [T, d] against the tuned config
     of the Pallas kernels with the integer dequantisation (no PTX), on the same inputs. The golden
     check covers 2 tokens; this covers every row block, so a layout-dependent fault confined to
-    some blocks (session 49: the PTX in 64-row blocks) cannot pass on the 2 tokens' luck."""
+    some blocks (the PTX dequantisation in 64-row blocks) cannot pass on the 2 tokens' luck."""
     import jax.numpy as jnp
 
     from pallas_kernels.moe import tuning
@@ -347,7 +347,7 @@ def _bench_moe(clocks) -> dict:
         "small": [c(16, 32, 64), c(16, 64, 64), c(16, 32, 128), c(16, 64, 64, dequant="bits")],
         "mid": [c(16, 64, 128), c(32, 64, 128), c(32, 128, 128, 8, 3)],
         # bm <= 32: the PTX dequantisation is wrong under the wgmma Triton picks for 64-row blocks
-        # (MoEConfig.check); session 9 timed bm 64 / 128 3-4x slower than bm 16-32 anyway
+        # (MoEConfig.check); bm 64 / 128 also ran 3-4x slower than bm 16-32 (docs/kernels/moe.md)
         "large": [c(32, 64, 256, 4, 3, scale_weights=True, min_bm=16), c(32, 128, 256, 4, 3, scale_weights=True,
                                                                           min_bm=16),
                   c(16, 64, 256, 4, 3, scale_weights=True)],
@@ -480,7 +480,7 @@ def _bench_moe(clocks) -> dict:
 def trace_calls(call_s: float) -> int:
     """Calls --trace profiles (after half as many) for calls of call_s seconds each: 16, or as many
     as take 0.2 s, at least 2. The xla path's call at T = 256 (80 ms) launches thousands of
-    kernels; 24 of them in one trace took over 300 s to export on the H200 (session 50)."""
+    kernels; 24 of them in one trace took over 300 s to export on the H200."""
     return int(min(16, max(2, round(0.2 / call_s))))
 
 

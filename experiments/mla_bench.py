@@ -29,9 +29,9 @@ config's time per shape, the fastest, and its speedup over the first config (the
 
 With --load_s each row also gets its device time per call in a burst (the first 100 ms of a load),
 in the burst's first 25 ms (before a heavy call's throttle step: 32k Q 16 S 16 ran its first 14
-calls 7% faster than the 100 ms median, BENCHMARKS.md issue 5, session 55) and under sustained
+calls 7% faster than the 100 ms median, docs/kernels/mla_attention.md) and under sustained
 load (from 1 s on), against floors from the copy and bf16 matmul ceilings
-timed under the same load (BENCHMARKS.md, issue 4, session 45: the SM clock drops under the cap,
+timed under the same load (docs/kernels/moe.md: the SM clock drops under the cap,
 and compute-bound shapes and the matmul ceiling follow it): a second table.
 """
 
@@ -91,7 +91,7 @@ flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it wi
                   "the split runs (rows 'mosaic_gpu merge=M'; mosaic_gpu.MERGES; the default row uses 'pallas')")
 flags.DEFINE_bool("mosaic_decode_words", False, "with --impls=mosaic_gpu at Q 1: also time it with the tail's "
                   "mask as per-row words made by XLA before the kernel (row 'mosaic_gpu words': the form "
-                  "before session 50) instead of the kernel's decode form")
+                  "before the decode form) instead of the kernel's decode form")
 flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
 flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wall clock "
                    "(bench_util.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
@@ -303,7 +303,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     warm_s > 0: that many seconds of back-to-back calls before each wall clock (bench_util.sustain).
     clocks: a bench_util.GpuClocks; each row gets the SM clock of its wall-clock and traced windows
     (wall_clocks, trace_clocks): the compute-bound shapes follow that clock, which the H200 lowers
-    under its 700 W cap after ~1 s of load (BENCHMARKS.md, issue 4, session 45).
+    under its 700 W cap after ~1 s of load (docs/kernels/moe.md).
     max_sets: at most this many input sets per shape (fewer where 256 MB of caches holds fewer;
     at least 2), cycled by the timings and called once each inside the in-graph program.
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).

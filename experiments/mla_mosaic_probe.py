@@ -8,7 +8,7 @@ kernel walks; bytes = those keys read once + queries + outputs + tail bits; floo
 copy bandwidth, FLOPs / matmul rate) from ceilings measured in the same run.
 With --ptxas (the default) Mosaic GPU runs ptxas -v on each kernel as it compiles
 (MOSAIC_GPU_DUMP_PTXAS); the probe captures that report and records the registers and spill bytes
-per shape: spills in this kernel's loop cost up to 1.5x (BENCHMARKS.md, issue 5, session 19).
+per shape: spills in this kernel's loop cost up to 1.5x (docs/kernels/mla_attention.md).
 --dump also prints the PTX and SASS (MOSAIC_GPU_DUMP_PTX, _SASS; SASS needs nvdisasm in the CUDA
 root). Shares mla_bench's --heads, --dk, --v_dim, --out. Off the GPU, --lower_only lowers the
 kernel for CUDA and stops (the CPU test of this script).

@@ -106,7 +106,7 @@ def asm_layouts(ttgir: str) -> list[str]:
     d" (kind dot_op / blocked / linear ...; d the dimension of a thread's registers 0 and 1, "?"
     when unknown), sorted. The MoE kernels' PTX dequantisation takes its two packed elements as K
     rows (r, r + 1) of one column of a [K, N] tile: right only with pairs along dim 0 (wrong
-    results otherwise: BENCHMARKS.md, issue 4, session 49)."""
+    results otherwise: docs/kernels/moe.md)."""
     alias = dict(re.findall(r"^(#\w+) = (#[\w.]+<.*)$", ttgir, re.M))
     found = set()
     for m in re.finditer(r"elementwise_inline_asm.*->\s*(?:\()?tensor<[^,>]+,\s*(#[\w.]+(?:<\{[^}]*\}>)?)", ttgir):

@@ -1,4 +1,4 @@
-"""Verify-step time of the target sharded n ways against 1 way (issue 6).
+"""Verify-step time of the target sharded n ways against 1 way.
 
     PYTHONPATH=. python experiments/sharding_bench.py --preset=k2_slice --devices=1,2 \
         --budgets=16,64,256 --streams=1,4,16
