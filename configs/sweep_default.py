@@ -43,4 +43,5 @@ def get_config():
     c.seed = 0
     c.compile_cache = os.path.join(REPO, "runs/jax_cache")   # persistent XLA cache ("": off)
     c.out_dir = os.path.join(REPO, "runs/sweep_default")
+    c.results_dir = ""           # also write the finished sweep's record here (ddtree_jax.bench.record)
     return c

@@ -39,4 +39,5 @@ def get_config():
     c.ar_steps_per_call = 8     # ar at its fastest steps per call, so that a slow baseline does not
                                 # inflate the speedups (BENCHMARKS.md, Decode loops)
     c.out_dir = c.out_dir.replace("sweep_default", "sweep_h200")
+    c.results_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     return c

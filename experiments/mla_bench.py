@@ -10,7 +10,8 @@ that fails a check is reported and not timed. With several configs, a side-by-si
 config's time per shape, the fastest, and its speedup over the first config (the baseline).
 
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-  python3 experiments/mla_bench.py --out=/tmp/mla_bench.json
+  python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16,64,256 --streams=1,8,16 --impls=auto,xla \
+      --trace    # the goal's table (BENCHMARKS.md)
   python3 experiments/mla_bench.py --ctx=8192 --q=16,64 --streams=8 --configs=64x64x8x2,32x64x4x2
   python3 experiments/mla_bench.py --ctx=8192,32768,1024 --q=16,64,256,4 --streams=1,16,8 \
       --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --budget_s=400    # one-pass vs two-pass
@@ -50,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import bench_util
+from ddtree_jax.bench import record
 from ddtree_jax.bench_util import stream_contexts
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
@@ -92,7 +94,8 @@ flags.DEFINE_list("mosaic_merges", [], "with --impls=mosaic_gpu: also time it wi
 flags.DEFINE_bool("mosaic_decode_words", False, "with --impls=mosaic_gpu at Q 1: also time it with the tail's "
                   "mask as per-row words made by XLA before the kernel (row 'mosaic_gpu words': the form "
                   "before the decode form) instead of the kernel's decode form")
-flags.DEFINE_string("out", "", "write rows and ceilings as JSON here")
+flags.DEFINE_string("out_dir", "results", "where the run's record goes (ddtree_jax.bench.record); "
+                    "empty: none")
 flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wall clock "
                    "(bench_util.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
                    "steady state (each row records its SM clock either way)")
@@ -565,11 +568,12 @@ def _main(clocks):
     golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs, tuple(FLAGS.impls))
     print("golden rel err", json.dumps(golden))
 
-    def write(rows):
-        if FLAGS.out:
-            with open(FLAGS.out, "w") as f:
-                json.dump({"ceilings": ceilings, "golden": golden, "rows": rows,
-                           "device": jax.devices()[0].device_kind, "jax": jax.__version__}, f, indent=1)
+    header = record.run_info("mla_bench")
+
+    def write(rows):     # after every row: a run cut off still leaves its record
+        if FLAGS.out_dir:
+            record.write_result(FLAGS.out_dir, {**header, "ceilings": ceilings, "golden": golden,
+                                                "rows": rows})
     rows = run_mla_bench([int(x) for x in FLAGS.ctx], [int(x) for x in FLAGS.q],
                          [int(x) for x in FLAGS.streams], heads=FLAGS.heads, dk=FLAGS.dk,
                          v_dim=FLAGS.v_dim, configs=configs, impls=tuple(FLAGS.impls), ceilings=ceilings,

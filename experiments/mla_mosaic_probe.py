@@ -10,7 +10,7 @@ With --ptxas (the default) Mosaic GPU runs ptxas -v on each kernel as it compile
 (MOSAIC_GPU_DUMP_PTXAS); the probe captures that report and records the registers and spill bytes
 per shape: spills in this kernel's loop cost up to 1.5x (docs/kernels/mla_attention.md).
 --dump also prints the PTX and SASS (MOSAIC_GPU_DUMP_PTX, _SASS; SASS needs nvdisasm in the CUDA
-root). Shares mla_bench's --heads, --dk, --v_dim, --out. Off the GPU, --lower_only lowers the
+root). Shares mla_bench's --heads, --dk, --v_dim. Off the GPU, --lower_only lowers the
 kernel for CUDA and stops (the CPU test of this script).
 
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -49,9 +49,10 @@ from ddtree_jax import bench_util
 # the repository root, so that `python experiments/mla_mosaic_probe.py` finds its sibling module
 # without PYTHONPATH, as the other scripts run
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments.mla_bench import make_inputs, time_jax  # noqa: E402  (also defines --heads, --dk, --v_dim, --out)
+from experiments.mla_bench import make_inputs, time_jax  # noqa: E402  (also defines --heads, --dk, --v_dim)
 
 FLAGS = flags.FLAGS
+flags.DEFINE_string("out", "", "write every row as JSON here")
 flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
 flags.DEFINE_list("splits", ["1"], "runs each stream's context is split into (context_attention(splits=)); "
                   "above 1 the time includes combine_splits")

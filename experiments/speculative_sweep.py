@@ -14,7 +14,8 @@ same streams and temperature (ar at its own `ar_steps_per_call` when set: the ba
 dispatch setting), the step-time breakdown (engine stage times), steps. Each finished point is
 appended to <out_dir>/results.jsonl (flushed and fsynced); a restart with the same config on the
 same JAX backend and device kind skips the points already there. At the end: a summary table on
-stdout and <out_dir>/sweep_T<temperature>.png per temperature. At temperature 0 a speculative
+stdout, <out_dir>/sweep_T<temperature>.png per temperature, and with `results_dir` set the run's
+record there (ddtree_jax.bench.record; configs/sweep_h200.py writes it to results/). At temperature 0 a speculative
 point's tokens must be ar's (ddtree_jax.parity.check_greedy: equal, or apart from a near-tie in the
 target's logits, counted in "greedy_ties") before its numbers are recorded; ar's records keep their
 tokens for that check, in this run and in a resumed one.
@@ -37,6 +38,7 @@ from ml_collections import config_flags
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
 from ddtree_jax import engine, parity, serving, sweep_io
+from ddtree_jax.bench import record
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/sweep_default.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "sweep config file")
@@ -239,6 +241,12 @@ def main(argv):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     records = run_sweep(cfg)
     print(sweep_io.summary_table(records))
+    if cfg.results_dir:
+        path = record.write_result(cfg.results_dir, {
+            **record.run_info("speculative_sweep"), "ceilings": {},
+            "config": {k: v for k, v in cfg.to_dict().items() if k not in ("compile_cache",)},
+            "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in records]})
+        print(f"record: {path}")
     print(f"results: {os.path.join(cfg.out_dir, 'results.jsonl')}; plots: {cfg.out_dir}/sweep_T*.png; "
           f"{time.perf_counter() - t0:.0f} s")
 

@@ -1,6 +1,6 @@
 """Benchmark build_tree (on-device DDTree) against the reference way (GPU top-k + a heap per stream).
 
-    PYTHONPATH=. python experiments/tree_bench.py --out=/tmp/tree_bench.md
+    PYTHONPATH=. python experiments/tree_bench.py --streams=16 --budgets=256 --dtype=bfloat16  # the goal
     PYTHONPATH=. python experiments/tree_bench.py --peak=12  # a confident drafter: deeper trees
     PYTHONPATH=. python experiments/tree_bench.py --dtype=bfloat16  # bf16 logits, read as they are
     PYTHONPATH=. python experiments/tree_bench.py --vocab=4096 --budgets=16,64 --streams=1,2  # CPU
@@ -40,6 +40,7 @@ import numpy as np
 from absl import app, flags
 
 from ddtree_jax import bench_util
+from ddtree_jax.bench import record
 from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref
 from pallas_kernels import registry, topk, tree_search  # noqa: F401  (registering)
@@ -65,7 +66,7 @@ flags.DEFINE_integer("search_cols", 0, "columns of the Pallas search kernel's ra
 flags.DEFINE_integer("n", 4, "inputs per timed call (device time from t(n) - t(1))")
 flags.DEFINE_integer("reps", 15, "timed repetitions (median)")
 flags.DEFINE_integer("ref_reps", 3, "repetitions of the host reference (median)")
-flags.DEFINE_string("out", "", "write the markdown table here too")
+flags.DEFINE_string("out_dir", "results", "where the run's record goes (ddtree_jax.bench.record)")
 
 
 def _median_wall(fn, *args, reps: int) -> float:
@@ -155,6 +156,7 @@ def main(_):
               f"{topk_pallas.SELECT}, search tile columns {search_pallas.SEARCH_COLS}, warps "
               f"{search_pallas.SEARCH_WARPS}")
     print(header, flush=True)
+    run = record.run_info("tree_bench")
     rows = []
     key = jax.random.key(0)
     for S in map(int, FLAGS.streams):
@@ -206,7 +208,7 @@ def main(_):
                 _reference(xs[0], B)
                 times.append(time.perf_counter() - t1)
             t_ref = statistics.median(times[1:])
-            rows.append((S, B, "reference (lax.top_k + host heap)", None, None, None, None, t_ref))
+            rows.append((S, B, "reference", None, None, None, None, t_ref))
             print(f"S={S} B={B} reference: {t_ref*1e6:.1f} us per call", flush=True)
     fmt = lambda t: "" if t is None else f"{t * 1e6:.1f}"  # noqa: E731
     table = ["| S | budget | impl | top-k + lse | search | assemble | build_tree "
@@ -219,9 +221,15 @@ def main(_):
             "\n\n"
             + "\n".join(table) + "\n")
     print(text)
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            f.write(text)
+    us = lambda t: None if t is None else t * 1e6  # noqa: E731
+    keys = ("topk_us", "search_us", "assemble_us", "build_us", "call_us")
+    path = record.write_result(FLAGS.out_dir, {
+        **run, "ceilings": {}, "auto_impl": registry.resolve("topk_logsumexp", "auto"),
+        "depth": L, "vocab": V, "dtype": FLAGS.dtype, "logit_scale": FLAGS.logit_scale, "peak": FLAGS.peak,
+        "rows": [dict(S=S, budget=B, impl=impl, **({"reference_us": us(times[-1])} if impl == "reference"
+                                                   else dict(zip(keys, map(us, times)))))
+                 for S, B, impl, *times in rows]})
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

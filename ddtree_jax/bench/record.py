@@ -70,9 +70,12 @@ def device_info() -> dict:
 
 def run_info(benchmark: str, argv: list[str] | None = None) -> dict:
     """The record's header for a run of `benchmark` started by `argv` (default sys.argv)."""
-    argv = sys.argv if argv is None else argv
+    argv = list(sys.argv if argv is None else argv)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if argv and os.path.isabs(argv[0]) and argv[0].startswith(root + os.sep):
+        argv[0] = os.path.relpath(argv[0], root)
     return {"benchmark": benchmark,
-            "command": shlex.join(["python3"] + list(argv)),
+            "command": shlex.join(["python3"] + argv),
             "commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "device": device_info(),
