@@ -5,13 +5,14 @@ from the host and reads nothing (decode_loop "auto": engine.decode_loop_for). 24
 20 s each on an H200 (compiles and stage times included). Add temperatures or budgets with
 --config.key=value, GPU graph settings with --config.xla_flags. The device loop's executable
 already records its while loop and conditionals into CUDA graphs (`engine.DEVICE_LOOP_GRAPHS`);
-the same settings for every executable ("GRAPHS_ALL" in BENCHMARKS.md, Decode loops) are
+the same settings for every executable ("GRAPHS_ALL" in docs/engine.md, "DEVICE_LOOP_GRAPHS") are
 
     --config.xla_flags="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,\
 DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 
 and `--config.xla_flags=--xla_gpu_command_buffer_update_mode=SKIP_TEMP` speeds up 1-stream decodes
-and leaves 4 and 16 streams unchanged (BENCHMARKS.md, Decode loops).
+through the host loop and leaves 4 and 16 streams and the device loop unchanged (docs/engine.md,
+"DEVICE_LOOP_GRAPHS").
 
     python experiments/speculative_sweep.py --config=configs/sweep_h200.py
 """
@@ -35,9 +36,9 @@ def get_config():
     c.stage_reps = 3
     c.timing_reps = 3
     c.steps_per_call = 4        # steps per device-loop check (the fastest at 4 and 16 streams; at 1
-                                # stream 2 is slightly faster: BENCHMARKS.md, Decode loops)
+                                # stream 2 is slightly faster: docs/engine.md, "Steps per call")
     c.ar_steps_per_call = 8     # ar at its fastest steps per call, so that a slow baseline does not
-                                # inflate the speedups (BENCHMARKS.md, Decode loops)
+                                # inflate the speedups (docs/engine.md, "Steps per call")
     c.out_dir = c.out_dir.replace("sweep_default", "sweep_h200")
     c.results_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     return c

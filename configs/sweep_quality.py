@@ -1,4 +1,4 @@
-"""Quality bar of the shipped pair (BENCHMARKS.md, The shipped pair): DFlash chain vs DDTree at
+"""Quality bar of the shipped pair (docs/shipped_pair.md): DFlash chain vs DDTree at
 budget 64, temperature 0, all 20 held-out prompts as 20 streams of one run (acceptance does not
 depend on the batching).
 

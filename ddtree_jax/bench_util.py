@@ -362,7 +362,7 @@ def load_profile(fn: Callable, arg_sets: Sequence[tuple], *, load_s: float = 3.0
     `idle_s` idle seconds (each set called once untimed first): burst_us is the median busy time
     (`calls_busy`) of the calls that start in the first `burst_ms` (the SM clock still high),
     sustained_us of those that start `settled_s` or more in (on an H200 at T >= 16 MoE tokens, at
-    the 700 W cap by then; BENCHMARKS.md, INT4 W4A16 grouped MoE GEMM). Also calls, kernels_per_call,
+    the 700 W cap by then; docs/kernels/moe.md, "Performance"). Also calls, kernels_per_call,
     {burst,sustained}_calls and, with clocks, {burst,sustained}_clocks (GpuClocks windows of the
     same spans). None when the trace holds no device kernels (a CPU)."""
     sets = list(arg_sets)
@@ -391,7 +391,7 @@ def regimes(calls: Sequence[tuple[float, float]], h0: float, h1: float, *, burst
     first_calls (/ first_clocks): the calls in the burst window's first quarter, the first call at
     least. A heavy call can be throttled inside the burst window (on an H200, the MoE op at T = 1024
     some 30-40 ms in), so the burst median can land on either side of that step, while the first
-    quarter stays before it (BENCHMARKS.md, INT4 W4A16 grouped MoE GEMM)."""
+    quarter stays before it (docs/kernels/moe.md, "Performance")."""
     out = {}
     for name, lo, hi in (("burst", 0.0, burst_ms * 1e3), ("first", 0.0, burst_ms * 1e3 / 4),
                          ("sustained", settled_s * 1e6, np.inf)):

@@ -58,8 +58,8 @@ class QuantConfig:
     """Routed-expert weight format: "bf16" (dense) or "int4" (compressed-tensors pack-quantized,
     symmetric, `group_size` along the input dimension). scale_dtype: the dtype int4 group scales
     are kept in on the device, "bfloat16" (as stored) or "float16" (the same values, converted
-    exactly; the Pallas MoE kernels then multiply in float16, with about half the error: BENCHMARKS.md,
-    INT4 W4A16 grouped MoE GEMM)."""
+    exactly; the Pallas MoE kernels then multiply in float16, with about half the error:
+    docs/kernels/moe.md, "Design")."""
 
     format: str = "bf16"
     group_size: int = 32

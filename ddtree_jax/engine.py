@@ -18,8 +18,8 @@ without making it wait, and stops dispatching once the steps in flight should fi
 stream; for ar without stop tokens it dispatches the known steps and reads nothing). Either way
 the compiled call keeps its state in the same device buffers from decode to decode
 (`CompiledDecode.load`), so XLA's CUDA graphs are replayed, not recorded again.
-Stage times come from the same stage functions jitted one by one and timed on a snapshot of the
-final state.
+Stage times come from the same stage functions jitted one by one and timed on a copy of the
+prefilled state. docs/engine.md explains the loops, the buffers and the measurements behind them.
 """
 
 from __future__ import annotations
@@ -522,7 +522,7 @@ def decode_loop_for(plan: Plan, decode_loop: str = "auto") -> str:
     decode, checking every `steps_per_call` steps whether a stream has tokens left). "auto": "host" for ar
     without stop tokens, whose step count is known before it starts (the host dispatches exactly
     those calls and reads nothing), "device" otherwise. A host read of a device array can cost
-    more than half a small model's ar step (BENCHMARKS.md, Decode loops)."""
+    more than half a small model's ar step (docs/engine.md, "What the host costs")."""
     if decode_loop not in DECODE_LOOPS:
         raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {decode_loop!r}")
     if decode_loop == "auto":
@@ -554,7 +554,7 @@ def exact_steps(plan: Plan, left0: np.ndarray) -> int | None:
 # and drives a while loop from the host, which reads the loop's condition every iteration), and
 # graphs of any size are kept. Flags of XLA's GPU backend; other backends accept and ignore them.
 # They make the device loop's decode faster and ar's host-loop step slower, so only the device
-# loop is compiled with them (BENCHMARKS.md, Decode loops).
+# loop is compiled with them (docs/engine.md, "DEVICE_LOOP_GRAPHS").
 DEVICE_LOOP_GRAPHS = {
     "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,"
                                      "WHILE,CONDITIONAL",
@@ -579,11 +579,11 @@ class CompiledDecode:
 
     XLA records CUDA graphs against buffer addresses and records them again when an argument
     lives somewhere new, which costs host time at the start of a decode while the device idles
-    (BENCHMARKS.md, Decode loops). So the next decode's state goes into the buffers the
-    last call returned: `prefill(..., into=call)` writes it there, or `load(state)` copies a
-    prefilled state there (one small donated copy, `_place`; for decoding one prefilled state
-    several times), and the call runs the graphs as recorded. The state a call returns stays
-    valid until the next `load` or `prefill(..., into=)`, which reuse its buffers.
+    (docs/engine.md, "CUDA graphs and stable buffers"). So the next decode's state goes into the
+    buffers the last call returned: `prefill(..., into=call)` writes it there, or `load(state)`
+    copies a prefilled state there (one small donated copy, `_place`; for decoding one prefilled
+    state several times), and the call runs the graphs as recorded. The state a call returns
+    stays valid until the next `load` or `prefill(..., into=)`, which reuse its buffers.
     """
 
     def __init__(self, executable):
@@ -657,7 +657,7 @@ def decode(step, tparams, dparams, state: EngineState, max_calls: int, max_lag: 
     one that proves short costs the device one host round trip). pace=False: dispatch up to
     `max_lag` calls ahead to the end, as for an unknown finish; `generate` paces only with several
     steps per call: with one, the host's dispatch already sets the pace and the prediction's own
-    host time would slow the decode (BENCHMARKS.md, Decode loops).
+    host time would slow the decode (docs/engine.md, "Steps per call").
     left0 [S]: tokens each stream has left before the first step, if the caller knows them
     (otherwise three device reads). known_steps: the steps that finish
     every stream, if known before the start (ar without stop tokens): the calls that run them are

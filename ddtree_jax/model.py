@@ -103,7 +103,7 @@ class LatentCache:
 
 # Cache slots per stream are allocated in multiples of this: the Mosaic GPU attention kernel reads
 # the cache with TMA in (8, 64) tiles, and any other slot count costs it a padded copy of the whole
-# cache on every call (BENCHMARKS.md, MLA tree-verify attention).
+# cache on every call (docs/kernels/mla_attention.md, "Design: the Mosaic GPU kernel").
 CACHE_SLOT_ALIGN = 8
 
 

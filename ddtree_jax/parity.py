@@ -4,7 +4,7 @@ against the same program on one device.
 
 Greedy decoding is exact only in exact arithmetic. In bf16 a stream can leave ar's tokens at a
 near-tie in the target's logits, where the verify's batch shapes round differently from ar's (how
-often: BENCHMARKS.md, The shipped pair). `check_greedy` therefore accepts a stream
+often: docs/shipped_pair.md, "Streams that part from ar"). `check_greedy` therefore accepts a stream
 that differs from ar's only if, at its first differing token, the target's float32 logits (params
 cast up, "highest" matmul precision) put the two tokens within TIE_REL x the row's largest |logit|
 of each other; after that point the streams decode different contexts and are not compared.

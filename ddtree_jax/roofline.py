@@ -25,8 +25,8 @@ Assumptions (MODEL_ASSUMPTIONS is printed with every projection):
 - Every layer is as slow as the mean GPU (no expert load imbalance, no stragglers), compute and
   communication do not overlap, the context per stream is fixed over the run.
 GPU numbers are datasheet leads except the H200 measurements (copy 4.27 TB/s, bf16 matmul 700
-TFLOP/s, experiments/results/*.md); other GPUs' effective rates keep the H200's measured/datasheet
-ratios (copy 0.89 of HBM, matmul 0.71 of dense bf16).
+TFLOP/s, as the benchmark records in results/ measure them); other GPUs' effective rates keep the
+H200's measured/datasheet ratios (copy 0.89 of HBM, matmul 0.71 of dense bf16).
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ CALIBRATIONS = {
         "measured", moe_bw_eff=0.68, moe_mm_eff=0.28, moe_min_us=105, attn_eff=0.85, attn_fixed_us=14,
         attn_rows=64,
         dense_bw_eff=0.80, dense_mm_eff=0.80, comm_eff=0.80, layer_us=30, step_us=300,
-        source="this repo's H200 kernels (BENCHMARKS.md, INT4 W4A16 grouped MoE GEMM: 66-70% of "
+        source="this repo's H200 kernels (docs/design.md, section 1.3: MoE 66-70% of "
                "copy at T=16..256 in device time, 102-108 us at T=1, 28% of matmul at T=4096; "
-               "BENCHMARKS.md, MLA tree-verify attention: mosaic_gpu, device time, H 8 at ctx "
+               "docs/kernels/mla_attention.md: mosaic_gpu, device time, H 8 at ctx "
                "4k-32k and H 64 at ctx 8k-32k, Q 1-256, S 1-16: 48 shapes, 14 us + floor / 0.85 "
                "gives 0.86-1.18x each; bf16-weight GEMMs 75-85% of copy); comm, layer and step "
                "terms assumed"),
@@ -118,7 +118,7 @@ UNIT = Calibration("roofline", moe_bw_eff=1, moe_mm_eff=1, moe_min_us=0, attn_ef
                    dense_bw_eff=1, dense_mm_eff=1, comm_eff=1, layer_us=0, step_us=0,
                    source="bare roofline (all efficiencies 1, no latencies)")
 
-# build_tree on the H200 (BENCHMARKS.md, build_tree on the device: S=16, f32 logits, profiler
+# build_tree on the H200 (docs/kernels/tree_search.md, "Performance": S=16, f32 logits, profiler
 # device time), microseconds by budget
 _TREE_H200_US = ((64, 89.0), (256, 119.3), (1024, 532.0))
 

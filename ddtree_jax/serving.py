@@ -2,15 +2,16 @@
 
 `generate` runs a static batch: every stream starts together and the batch steps until its slowest
 stream is done, so streams that finish early idle (a batch runs far more steps than its mean
-stream needs: BENCHMARKS.md, Continuous batching). `serve` keeps S slots busy instead: the engine's own
+stream needs: docs/engine.md, "More streams"). `serve` keeps S slots busy instead: the engine's own
 step (the same compiled function, per-stream done flags) runs on the slots; when the host sees a
 slot done (at most `max_lag` calls late, without making the device wait), it copies that slot's
 row out and admits the next request into the slot with a prefill (`_admit`: the prompt through
 the target and the drafter's context, written into the slot's rows of every cache; the other slots
 are untouched). Slots seen done in the same poll are copied out and refilled together, one call
 each padded to a compiled size (`batch_sizes`), since one admission costs host and device time
-worth several ar steps. Per request the output equals `generate`'s
-for the same prompt (greedy: token for token); sampled draws come from the admission call's key.
+worth several ar steps (docs/engine.md, "Continuous batching"). Per request the output equals
+`generate`'s for the same prompt (greedy: token for token); sampled draws come from the admission
+call's key.
 
 tokens/s here = generated tokens / wall time from the first step to the last request's result,
 with every admission's prefill inside it (the first S prompts' prefill is reported apart).

@@ -311,8 +311,9 @@ def test_mla_mosaic_probe_lowers():
     1024:2:2 (Q 2 x 64 heads = 2 row blocks, cluster 2, S 2) at splits 1 and 3 with both epilogues;
     1024:3:1 (3 row blocks, cluster 1, S 1) at splits 1 with both epilogues; 2048:1:2 (1 row
     block: decode, cluster 1, S 2) at splits 3 with both epilogues. A ninth, 1024:4:1 with
-    --clusters=4, lowers a 4-CTA cluster, the probe's other cluster size (BENCHMARKS.md, MLA
-    tree-verify attention). (The operands are made and prepared on the CPU: FAST_COMPILE.)"""
+    --clusters=4, lowers a 4-CTA cluster, the probe's other cluster size
+    (docs/kernels/mla_attention.md, "Variants measured and not taken"). (The operands are made and
+    prepared on the CPU: FAST_COMPILE.)"""
     out = _check(f"CASES = {PROBE_CASES!r}\n" + PROBE_CHECK, FAST_COMPILE)
     want = {f"ctx={ctx} Q={q} S={s} splits={k} cluster={cl} epilogue={e}: lowered"
             for ctx, q, s, cl, splits in (("1024", 2, 2, 2, (1, 3)), ("1024", 3, 1, 1, (1,)), ("2048", 1, 2, 1, (3,)))

@@ -866,8 +866,8 @@ jax.jit(run).trace(*args).lower().compile()
 def test_gpu_mosaic_kernel_does_not_spill(num_s, rows, slots, num_q, cluster, splits, balance):
     """ptxas spills none of the kernel's registers (its report, MOSAIC_GPU_DUMP_PTXAS, read from a
     fresh process's compile), with balance at 16 streams too: the run schedule's values must not
-    stay live into the consumers' loops, where a spill slows them (BENCHMARKS.md, MLA tree-verify
-    attention)."""
+    stay live into the consumers' loops, where a spill slows them (docs/kernels/mla_attention.md,
+    "Variants measured and not taken")."""
     import os
     import subprocess
     import sys

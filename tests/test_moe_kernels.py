@@ -484,9 +484,9 @@ def test_asm_dequant_refused_for_64_row_blocks():
     """The PTX dequantisation writes K-row pairs into one register: the layout of mma.sync's
     operands and of wgmma's register operand (swap_ab), not of the shared-memory weight operand
     Triton gives wgmma for 64-row blocks, where every such block comes out wrong on the H200
-    (BENCHMARKS.md, INT4 W4A16 grouped MoE GEMM). MoEConfig.check refuses it by field, the raw Triton
-    kernels (which ignore swap_ab) refuse it even with swap_ab, and the bits route and smaller
-    blocks stay allowed."""
+    (docs/kernels/moe.md, "Variants measured and not taken"). MoEConfig.check refuses it by field,
+    the raw Triton kernels (which ignore swap_ab) refuse it even with swap_ab, and the bits route
+    and smaller blocks stay allowed."""
     from pallas_kernels.moe import triton_impl
     from pallas_kernels.moe.tuning import MoEConfig
 
