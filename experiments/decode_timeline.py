@@ -17,7 +17,7 @@ exactly the known calls and no reads), "unpaced" the same without pacing (dispat
 calls ahead to the end), "device" the whole decode as one call (decode_loop="device", compiled
 with engine.DEVICE_LOOP_GRAPHS), "device_xla_graphs" the same call compiled with XLA's default
 command buffers. Before any timing, one untimed decode per loop
-and batch: every loop must emit the same tokens, and ar's (ddtree_jax.parity.check_greedy: equal,
+and batch: every loop must emit the same tokens, and ar's (ddtree_jax.bench.parity.check_greedy: equal,
 or apart from a near-tie in the target's logits at bf16 rounding), ar's being those of an ar point
 of the same streams earlier in --points, else an untimed engine.generate(method="ar"); the timed
 decodes must match across loops too. Reported: median wall ms, the steps the device ran, and the median
@@ -45,7 +45,9 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import bench_util, data, engine, parity
+from ddtree_jax import engine
+from ddtree_jax.bench import timing, parity
+from ddtree_jax.training import data
 
 FLAGS = flags.FLAGS
 LOOPS = ("paced", "unpaced", "device", "device_xla_graphs")
@@ -177,14 +179,14 @@ def run_point(target, drafter, prompts, method: str, budget: int, streams: int, 
         with tempfile.TemporaryDirectory() as d:
             with jax.profiler.trace(d):
                 traced_wall, state = decode(name, fresh)
-            kernels, _ = bench_util.device_kernels(d)
+            kernels, _ = timing.device_kernels(d)
         rec[name] = dict(wall_ms=wall * 1e3, tokens_per_second=tokens / wall,
                          device_steps=device_steps,
                          calls=len(batches) if name.startswith("device") else device_steps // k,
                          dispatch_ms=float(np.median(dispatches[name])) * 1e3,
                          traced_wall_ms=traced_wall * 1e3)
         if kernels:   # the first batch's decode
-            t = bench_util.kernel_timeline(kernels, FLAGS.gap_us)
+            t = timing.kernel_timeline(kernels, FLAGS.gap_us)
             rec[name].update(t, host_ms=traced_wall * 1e3 - t["span_ms"])
     return rec
 
@@ -216,7 +218,7 @@ def main(argv):
                        + (f" x{r['batches']} batches" if r["batches"] > 1 else ""),
                  loop=name, tau=r["tau"], **{c: r[name].get(c) for c in cols})
             for r in recs for name in FLAGS.loops]
-    print(bench_util.markdown_table(rows, ["point", "loop", "tau"] + cols))
+    print(timing.markdown_table(rows, ["point", "loop", "tau"] + cols))
 
 
 def _define_flags() -> None:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from ddtree_jax import data, training
+from ddtree_jax.training import data, trainer
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.tokenizer import Tokenizer
 
@@ -51,7 +51,7 @@ def main(argv):
     prompts = np.stack([stream[s:s + _PROMPT.value] for s in starts]).astype(np.int64)
     dtype = jnp.bfloat16 if _DTYPE.value == "bfloat16" else jnp.float32
     target = load_target(_TARGET.value, dtype=dtype)
-    seqs = training.greedy_continuations(target, prompts, _NEW.value, _STREAMS.value)
+    seqs = trainer.greedy_continuations(target, prompts, _NEW.value, _STREAMS.value)
     meta = {"command": "python " + " ".join(sys.argv), "target": os.path.abspath(_TARGET.value),
             "target_sha256": data.file_sha256(os.path.join(_TARGET.value, "model.safetensors")),
             "prompt_len": _PROMPT.value, "new_tokens": _NEW.value, "num_sequences": _N.value,

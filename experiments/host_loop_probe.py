@@ -28,7 +28,9 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import bench_util, data, engine
+from ddtree_jax import engine
+from ddtree_jax.bench import timing
+from ddtree_jax.training import data
 
 FLAGS = flags.FLAGS
 
@@ -49,7 +51,7 @@ def traced_kernels(fn) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             fn()
-        events = bench_util.device_kernels(d, with_args=True)[0]
+        events = timing.device_kernels(d, with_args=True)[0]
     return [dict(ts=e["ts"], dur=e["dur"], launch=e["args"].get("correlation_id")) for e in events]
 
 
@@ -106,7 +108,7 @@ def run_point(target, drafter, prompt, method: str, budget: int, n: int, ks: lis
                                  .block_until_ready())
         if kernels:
             rows.append(dict(point=point, mode="traced decode, per graph launch", k=k,
-                             **bench_util.graph_launches(kernels)))
+                             **timing.graph_launches(kernels)))
     return rows
 
 
@@ -127,11 +129,11 @@ def main(argv):
                            date=time.strftime("%Y-%m-%d"), prompt=FLAGS.prompt, rows=rows), f,
                       indent=1)
     timed = [r for r in rows if "ms" in r]
-    print(bench_util.markdown_table(timed, ["point", "mode", "k", "ms", "device_steps",
+    print(timing.markdown_table(timed, ["point", "mode", "k", "ms", "device_steps",
                                             "us_per_step"]))
     traced = [r for r in rows if "ms" not in r]
     if traced:
-        print(bench_util.markdown_table(traced, ["point", "k", "launches", "step_launches",
+        print(timing.markdown_table(traced, ["point", "k", "launches", "step_launches",
                                                  "kernels", "span_us", "busy_us", "inside_gap_us",
                                                  "before_us"]))
 

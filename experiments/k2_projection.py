@@ -1,5 +1,5 @@
 """Kimi K2.6 projection: a roofline model of the full DDTree step on 8 GPUs per GPU type
-(ddtree_jax.roofline), the best tree budget per hardware, checks against published Kimi K2.6 numbers
+(ddtree_jax.bench.roofline), the best tree budget per hardware, checks against published Kimi K2.6 numbers
 on 8 RTX PRO 6000, and (--measure) the k2_slice verify-step time per layer on this machine.
 
     python experiments/k2_projection.py                                   # projection only (any CPU)
@@ -18,7 +18,7 @@ profiler trace, parts_clock "device"; the forward by the wall clock); "rest" per
 layers x attention - MoE layers x MoE - head) / layers, so it holds the host's gaps too. The
 attention and MoE kernels are checked against the xla path before they are timed; on a GPU, each
 one's % of its roofline floor uses the copy and matmul ceilings measured in the same run
-(bench_util.measure_ceilings). --measure_scale_dtype=float16 keeps the experts' scales in float16
+(timing.measure_ceilings). --measure_scale_dtype=float16 keeps the experts' scales in float16
 (the MoE kernels then multiply in float16; docs/kernels/moe.md).
 """
 
@@ -34,10 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import ddtree_jax as dj
-from ddtree_jax import roofline as rf
-from ddtree_jax import sweep_io
-from ddtree_jax import bench_util
-from ddtree_jax.bench_util import markdown_table, median_seconds, stream_contexts
+from ddtree_jax.bench import roofline as rf
+from ddtree_jax.bench import sweep_io
+from ddtree_jax.bench import timing
+from ddtree_jax.bench.timing import markdown_table, median_seconds, stream_contexts
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import visibility_to_mask
@@ -107,7 +107,7 @@ def part_seconds(fn, *args, reps: int) -> tuple[float, str]:
     elsewhere the wall clock's median over reps ("wall"). On the H200 a wall clock of one call per
     round added the host's dispatch and sync, 0.1-0.4 ms, to 0.2-1.1 ms attention calls at 16k
     (docs/kernels/mla_attention.md)."""
-    if jax.default_backend() == "gpu" and (traced := bench_util.traced_device_time(fn, *args,
+    if jax.default_backend() == "gpu" and (traced := timing.traced_device_time(fn, *args,
                                                                                     calls=max(reps, 10))):
         return traced["busy_us"] * 1e-6, "device"
     return median_seconds(fn, *args, reps=reps), "wall"
@@ -118,9 +118,9 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
     """Per (streams, budget, lengths, attn_balance): seconds of the forward (wall clock), and per
     layer of attention / MoE / rest (`part_seconds`: on a GPU device time, parts_clock "device");
     the attention and MoE kernels are checked against the xla path first.
-    lengths: the streams' contexts (bench_util.stream_contexts: all ctx, or "spread" from ctx / S
+    lengths: the streams' contexts (timing.stream_contexts: all ctx, or "spread" from ctx / S
     to ~2 ctx, the same total); balances: the forward's attn_balance values to time (the
-    attention's balance hint). ceilings (bench_util.measure_ceilings, this run): also each
+    attention's balance hint). ceilings (timing.measure_ceilings, this run): also each
     kernel's share of its roofline floor (from ctx: the spread's total is the same)."""
     params = dj.init_target(cfg, jax.random.key(0), dtype=dtype)
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
@@ -215,7 +215,7 @@ def main(argv):
         cfg = dj.ModelConfig.preset(FLAGS.preset)
         cfg = dataclasses.replace(cfg, quant=dataclasses.replace(cfg.quant, scale_dtype=FLAGS.measure_scale_dtype))
         on_gpu = jax.default_backend() == "gpu"
-        ceilings = bench_util.measure_ceilings() if on_gpu else None
+        ceilings = timing.measure_ceilings() if on_gpu else None
         balances = {"on": True, "off": False}
         if bad := set(FLAGS.measure_balance) - set(balances):
             raise app.UsageError(f"--measure_balance takes 'on' and/or 'off', got {sorted(bad)}")

@@ -33,22 +33,22 @@ with n along --axis ("tensor": routed experts, heads, MLP width and vocabulary s
           and comes out negative when the parts' sum exceeds the verify.
 Check: with n > 1, a 1-way run first computes every point's tree and verify logits (untimed, when
 the 1-way memory plan fits one --plan_device; else none, said in the output and the JSON); each
-n-way verify then runs on that tree, and its logits must match within ddtree_jax.parity.SHARDED_TOL
+n-way verify then runs on that tree, and its logits must match within ddtree_jax.bench.parity.SHARDED_TOL
 (relative error 5e-2 in bfloat16, 1e-3 in float32) before the verify, accept and parts are timed.
 Timing: median over --reps rounds of --inner back-to-back calls synchronised once per round (the
 host's dispatch overlaps the device's work), after one untimed call; compiles are ahead of time
 (lower + compile) and timed separately. Verified tokens/s = S (B+1) / verify time. Each timing
-also keeps the SM clock and power-cap state of the mesh's GPUs over it (bench_util.GpuClocks,
+also keeps the SM clock and power-cap state of the mesh's GPUs over it (timing.GpuClocks,
 nvidia-smi: their samples pooled, with each GPU's median; the point's "clocks", the table's verify
 column): the H200 lowers its SM clock under its 700 W cap after about 1 s of heavy load, and
 SM-bound work slows with it (docs/kernels/moe.md).
 
-Projection: ddtree_jax.roofline.step_time for the same layer count, n GPUs and context (--gpu,
+Projection: ddtree_jax.bench.roofline.step_time for the same layer count, n GPUs and context (--gpu,
 --calibration); its verify = attention + MoE + rest + comm + head. It models the "tensor" layout
 (experts, heads, MLP width and vocabulary split n ways, the latent cache replicated).
 Extrapolation to the full preset (computed from the measured parts, not measured): full layers x
 (attention + rest) + full MoE layers x MoE + full dense layers x dense MLP + head.
-Memory: ddtree_jax.memory_plan for this run on each mesh and for the full preset on --plan_devices
+Memory: ddtree_jax.bench.memory_plan for this run on each mesh and for the full preset on --plan_devices
 devices; on a GPU, the compiled verify's XLA temp bytes and the allocator's peak are recorded.
 """
 
@@ -69,11 +69,12 @@ from absl import app, flags
 
 import ddtree_jax as dj
 from ddtree_jax import engine
-from ddtree_jax import memory_plan as mp
+from ddtree_jax.bench import memory_plan as mp
 from ddtree_jax import model as tgt
-from ddtree_jax import roofline as rf
-from ddtree_jax import parity, sharding
-from ddtree_jax.bench_util import GpuClocks, markdown_table, median_seconds
+from ddtree_jax.bench import roofline as rf
+from ddtree_jax import sharding
+from ddtree_jax.bench import parity
+from ddtree_jax.bench.timing import GpuClocks, markdown_table, median_seconds
 from ddtree_jax.drafter import DrafterCache
 from ddtree_jax.sampling import Sampling
 from pallas_kernels import registry

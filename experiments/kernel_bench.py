@@ -20,7 +20,7 @@ trace's 16 calls come after a pause (a burst), and every row records both window
 --load_s=3 (with --trace) adds a second table from one long trace per row: device time per call in
 the first 100 ms (burst; also its first 25 ms, before a heavy call's throttling: T = 1024 is
 throttled 30-40 ms in) and after 1 s (sustained), each with its clock and % of copy, headed by
-the copy ceiling measured the same way (bench_util.sustained_copy), whose regimes give a last
+the copy ceiling measured the same way (timing.sustained_copy), whose regimes give a last
 column: each regime's % of that copy in the same regime (the xla path's rows say why they have none:
 XLA_NO_LOAD):
   python3 experiments/kernel_bench.py --op=moe --sweep=false --trace --load_s=3 \
@@ -52,7 +52,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ddtree_jax import bench_util  # noqa: E402
+from ddtree_jax.bench import timing  # noqa: E402
 from ddtree_jax.bench import record  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -72,11 +72,11 @@ flags.DEFINE_enum("scale_dtype", "bfloat16", ["bfloat16", "float16"], "the INT4 
                   "(float16: the Pallas kernels multiply in float16, bf16 activations scaled per row)")
 flags.DEFINE_bool("sweep", True, "time the pallas_triton config sweep (else the tuned table only)")
 flags.DEFINE_float("min_time_s", 0.15, "time budget per measurement")
-bench_util.define_load_flags("each implementation's device time per call in both regimes, with each "
+timing.define_load_flags("each implementation's device time per call in both regimes, with each "
                              "regime's SM clock and the copy ceiling timed the same way (sustained_copy)")
-flags.adopt_module_key_flags(bench_util)     # --load_s, --idle_s in --helpshort
+flags.adopt_module_key_flags(timing)     # --load_s, --idle_s in --helpshort
 flags.DEFINE_float("warm_s", 1.0, "seconds of back-to-back calls before each implementation's "
-                   "timing, so the GPU's clocks have settled (bench_util.sustain)")
+                   "timing, so the GPU's clocks have settled (timing.sustain)")
 flags.DEFINE_string("variants", "", "with --impls=variants / triton_variants: option sets applied to the tuned "
                     "config of each T, ';' between sets, ',' between field=value (MoEConfig fields, "
                     "e.g. 'bn_down=256;bn_down=256,down_warps=8'); empty: the tuned config's one-knob neighbours")
@@ -268,8 +268,8 @@ def _parts(t, cfg, e, k):
 
 def bench_moe() -> dict:
     """The MoE table (module docstring), with the GPU's SM clock and power sampled throughout
-    (bench_util.GpuClocks): each row's wall_clocks and trace_clocks."""
-    with bench_util.GpuClocks() as clocks:
+    (timing.GpuClocks): each row's wall_clocks and trace_clocks."""
+    with timing.GpuClocks() as clocks:
         return _bench_moe(clocks)
 
 
@@ -284,9 +284,9 @@ def _bench_moe(clocks) -> dict:
     from pallas_kernels.moe.triton_impl import moe_experts_triton
     from pallas_kernels.moe.xla import moe_experts_xla
 
-    ceil = bench_util.measure_ceilings(clocks)
+    ceil = timing.measure_ceilings(clocks)
     if FLAGS.load_s > 0:      # the copy ceiling in the same two regimes as the rows' load profiles
-        ceil["copy_load"] = bench_util.sustained_copy(load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)
+        ceil["copy_load"] = timing.sustained_copy(load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)
     print("ceilings", ceil, flush=True)
     rate = max(ceil["matmul_tflops_torch"], ceil["matmul_tflops_xla"]) * 1e12
     bw = ceil["copy_tbps"] * 1e12
@@ -424,7 +424,7 @@ def _bench_moe(clocks) -> dict:
                                                  "config with the integer dequantisation")
                     it = iter(range(1 << 30))
                     call = lambda: (lambda r: fn(xs[r], ids_all[r], w_all[r], ex))(next(it) % 4)  # noqa: E731
-                    bench_util.sustain(call, seconds=FLAGS.warm_s)
+                    timing.sustain(call, seconds=FLAGS.warm_s)
                     phase("warm")
                     t0 = time.time()
                     sec = _time(call, FLAGS.min_time_s)
@@ -435,13 +435,13 @@ def _bench_moe(clocks) -> dict:
                     # traced over the 4 inputs that `active` (the bytes) and the wall clock average
                     sets = [(xs[r], ids_all[r], w_all[r], ex) for r in range(4)]
                     n = trace_calls(sec)
-                    traced = (bench_util.traced_device_time(fn, calls=n, warm=n // 2, arg_sets=sets)
+                    traced = (timing.traced_device_time(fn, calls=n, warm=n // 2, arg_sets=sets)
                               if FLAGS.trace else None)
                     row["trace_clocks"] = clocks.window(*traced["host_window"]) if traced else {}
                     phase("trace")
                     if FLAGS.load_s > 0 and impl == "xla":
                         row["load_skipped"] = XLA_NO_LOAD
-                    elif FLAGS.load_s > 0 and (lp := bench_util.load_profile(
+                    elif FLAGS.load_s > 0 and (lp := timing.load_profile(
                             fn, sets, load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)):
                         row["load"] = lp
                     phase("load")
@@ -511,7 +511,7 @@ def _time_parts(t, e, k, xs, ids_all, w_all, ex) -> list:
 
             sec = _time(call, FLAGS.min_time_s)
             rows.append({"impl": f"parts:{name}{tuple(cfg)[:6]}", "T": t, "time_us": sec * 1e6})
-            traced = (bench_util.traced_device_time(fn, inputs[name][0], ids_all[0], w_all[0], ex)
+            traced = (timing.traced_device_time(fn, inputs[name][0], ids_all[0], w_all[0], ex)
                       if FLAGS.trace else None)
             if traced:
                 rows[-1].update(device_us=traced["busy_us"], kernels=traced["kernels"],
@@ -538,7 +538,7 @@ def _mhz(row: dict) -> str:
 def _regimes_table(res: dict) -> str:
     """Markdown: per row with a load profile (--load_s), device us per call (% of copy, SM MHz) in a
     burst, in the burst's first 25 ms (a heavy call is throttled inside the burst window:
-    bench_util.regimes) and under sustained load, and each regime's % of the copy under the same
+    timing.regimes) and under sustained load, and each regime's % of the copy under the same
     load; a row without a profile says why (load_skipped)."""
     def cell(r, regime, clock=True):
         us = r["load"].get(f"{regime}_us")

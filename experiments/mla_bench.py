@@ -50,9 +50,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ddtree_jax import bench_util
+from ddtree_jax.bench import timing
 from ddtree_jax.bench import record
-from ddtree_jax.bench_util import stream_contexts
+from ddtree_jax.bench.timing import stream_contexts
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import merge as mla_merge
@@ -97,11 +97,11 @@ flags.DEFINE_bool("mosaic_decode_words", False, "with --impls=mosaic_gpu at Q 1:
 flags.DEFINE_string("out_dir", "results", "where the run's record goes (ddtree_jax.bench.record); "
                     "empty: none")
 flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wall clock "
-                   "(bench_util.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
+                   "(timing.sustain): 0 times from an idle GPU's burst, ~1 or more the power-capped "
                    "steady state (each row records its SM clock either way)")
-bench_util.define_load_flags("each row's device time per call in both regimes, each against a floor from "
+timing.define_load_flags("each row's device time per call in both regimes, each against a floor from "
                              "the copy and bf16 matmul ceilings timed the same way (sustained_copy, _matmul)")
-flags.adopt_module_key_flags(bench_util)     # --load_s, --idle_s in --helpshort
+flags.adopt_module_key_flags(timing)     # --load_s, --idle_s in --helpshort
 
 _GOLDEN_TOL = 1e-2         # bf16 outputs: observed relative errors are about 2e-3
 
@@ -145,9 +145,9 @@ def time_in_graph(fn, arg_sets, target_s: float = 0.05, batched=None) -> float:
 def traced_in_graph(fn, arg_sets, batched=None) -> dict | None:
     """Device time per call of fn inside `graph_of(fn)` (or `batched`), from a profiler trace:
     busy_us (union of the kernels' intervals), kernels and the top kernels [{name, count, us}]
-    per call, host_window (bench_util.traced_device_time's); None off the GPU."""
+    per call, host_window (timing.traced_device_time's); None off the GPU."""
     batched = batched or graph_of(fn)
-    traced = bench_util.traced_device_time(batched, tuple(arg_sets), calls=5)
+    traced = timing.traced_device_time(batched, tuple(arg_sets), calls=5)
     if traced is None:
         return None
     n = len(arg_sets)
@@ -303,14 +303,14 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     mosaic_decode_words: likewise at Q 1 a row "mosaic_gpu words", the kernel given the tail's mask
     as per-row words made by XLA (`words_context`) instead of in its decode form.
 
-    warm_s > 0: that many seconds of back-to-back calls before each wall clock (bench_util.sustain).
-    clocks: a bench_util.GpuClocks; each row gets the SM clock of its wall-clock and traced windows
+    warm_s > 0: that many seconds of back-to-back calls before each wall clock (timing.sustain).
+    clocks: a timing.GpuClocks; each row gets the SM clock of its wall-clock and traced windows
     (wall_clocks, trace_clocks): the compute-bound shapes follow that clock, which the H200 lowers
     under its 700 W cap after ~1 s of load (docs/kernels/moe.md).
     max_sets: at most this many input sets per shape (fewer where 256 MB of caches holds fewer;
     at least 2), cycled by the timings and called once each inside the in-graph program.
     budget_s > 0: shapes not started within budget_s seconds of the call are skipped (logged).
-    load_s > 1 (GPU): also each row's `bench_util.load_profile` ("load": burst / first / sustained device
+    load_s > 1 (GPU): also each row's `timing.load_profile` ("load": burst / first / sustained device
     us per call) and {burst,first,sustained}_floor_ms / _pct_floor, the floor from ceilings' copy_load and
     matmul_load (sustained_copy / sustained_matmul) in the same regime where given, else the run's.
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
@@ -319,7 +319,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     by a shell timeout keeps every finished row).
     """
     configs = configs or {"auto": None}
-    ceilings = ceilings or bench_util.measure_ceilings()
+    ceilings = ceilings or timing.measure_ceilings()
     copy_bw = ceilings["copy_tbps"] * 1e12
     rate = max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12
     scale = dk ** -0.5
@@ -380,7 +380,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                                              f"{row.get('rel_err_vs_xla', 0.0):.1e} vs xla")
                     del out
                 if warm_s > 0:
-                    bench_util.sustain(_cycling(fn, args), seconds=warm_s)
+                    timing.sustain(_cycling(fn, args), seconds=warm_s)
                 t0 = time.time()
                 sec = time_jax(fn, args)
                 row.update(ms=sec * 1e3, pct_floor=100 * floor / sec, tflops=flops / sec / 1e12)
@@ -396,7 +396,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                                kernels=traced["kernels"], top_kernels=traced["top"])
                     if clocks is not None:
                         row["trace_clocks"] = clocks.window(*traced["host_window"])
-                if load_s > 0 and (lp := bench_util.load_profile(fn, args, load_s=load_s, idle_s=idle_s,
+                if load_s > 0 and (lp := timing.load_profile(fn, args, load_s=load_s, idle_s=idle_s,
                                                                  clocks=clocks)):
                     row["load"] = lp
                     row.update(regime_floors(lp, flops, nbytes, ceilings))
@@ -417,7 +417,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     return rows
 
 
-REGIMES = ("burst", "first", "sustained")   # bench_util.regimes' windows: 100 ms, its first 25 ms, from 1 s on
+REGIMES = ("burst", "first", "sustained")   # timing.regimes' windows: 100 ms, its first 25 ms, from 1 s on
 
 
 def regime_floors(load: dict, flops: float, nbytes: float, ceilings: dict) -> dict:
@@ -554,16 +554,16 @@ def variants_table(rows: list[dict], names: list[str]) -> str:
 
 
 def main(_):
-    with bench_util.GpuClocks() as clocks:
+    with timing.GpuClocks() as clocks:
         _main(clocks)
 
 
 def _main(clocks):
     configs = {c: None if c == "auto" else pallas_triton.parse_config(c) for c in FLAGS.configs}
-    ceilings = bench_util.measure_ceilings(clocks)
+    ceilings = timing.measure_ceilings(clocks)
     if FLAGS.load_s > 0:      # both ceilings in the regimes the rows' load profiles report
         load = dict(load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, clocks=clocks)
-        ceilings.update(copy_load=bench_util.sustained_copy(**load), matmul_load=bench_util.sustained_matmul(**load))
+        ceilings.update(copy_load=timing.sustained_copy(**load), matmul_load=timing.sustained_matmul(**load))
     print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     golden = golden_check(FLAGS.heads, FLAGS.dk, FLAGS.v_dim, configs, tuple(FLAGS.impls))
     print("golden rel err", json.dumps(golden))

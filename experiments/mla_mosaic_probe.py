@@ -44,7 +44,7 @@ import tempfile
 from absl import app, flags
 import numpy as np
 
-from ddtree_jax import bench_util
+from ddtree_jax.bench import timing
 
 # the repository root, so that `python experiments/mla_mosaic_probe.py` finds its sibling module
 # without PYTHONPATH, as the other scripts run
@@ -191,7 +191,7 @@ def main(_):
 
     heads, dk, v_dim = FLAGS.heads, FLAGS.dk, FLAGS.v_dim
     scale = dk ** -0.5
-    ceilings = None if FLAGS.lower_only else bench_util.measure_ceilings()
+    ceilings = None if FLAGS.lower_only else timing.measure_ceilings()
     if ceilings:
         print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     rows = []
@@ -257,7 +257,7 @@ def main(_):
                 raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
             sec = time_jax(fn, [operands])
             row.update(ms=sec * 1e3, tflops=flops / sec / 1e12, pct_floor=100 * floor / sec)
-            if traced := bench_util.traced_device_time(fn, *operands, calls=20):
+            if traced := timing.traced_device_time(fn, *operands, calls=20):
                 # device-busy time per call (the kernel, and the merge above one run): no host dispatch
                 row.update(device_us=traced["busy_us"], device_pct_floor=100 * floor * 1e6 / traced["busy_us"],
                            kernels=traced["kernels"], top_kernels=traced["top"][:3])
@@ -266,7 +266,7 @@ def main(_):
             if FLAGS.timeline:
                 timed = jax.jit(functools.partial(run, timeline=True))
                 jax.block_until_ready(timed(*operands))           # compile and warm up
-                traced_t = bench_util.traced_device_time(timed, *operands, calls=20)
+                traced_t = timing.traced_device_time(timed, *operands, calls=20)
                 # the kernel: the call's longest kernel (the merge, above one run, is far shorter)
                 kernel_us = traced_t["top"][0]["us"] if traced_t else None
                 row["timeline"] = timeline_summary(timed(*operands)[2], kernel_us)

@@ -16,7 +16,8 @@ import platform
 
 from absl import app, flags
 
-from ddtree_jax import data, tokenizer
+from ddtree_jax import tokenizer
+from ddtree_jax.training import data
 
 _TOK = flags.DEFINE_string("tokenizer", "assets/tokenizer.json", "tokenizer JSON")
 _PROMPTS = flags.DEFINE_string("prompts", "assets/pair/heldout_prompts.json", "held-out prompts JSON")

@@ -11,7 +11,7 @@ experts; "data": the streams). Per (n, budget B, streams S): the engine's verify
 tokens per stream, a DDTree of random drafts, ancestor-only visibility, the drafter's taps) against
 a cache holding --context tokens, jitted under the mesh; median of --reps timed calls after a
 warm-up. Before an n-way point is timed, its logits must match the 1-way run's (same params and
-inputs) within ddtree_jax.parity.SHARDED_TOL (relative error 5e-2 in bfloat16, 1e-3 in float32);
+inputs) within ddtree_jax.bench.parity.SHARDED_TOL (relative error 5e-2 in bfloat16, 1e-3 in float32);
 the 1-way run comes first, untimed when 1 is not in --devices. Reported: ms per step, verified
 tokens/s = S*(B+1) / step time, and that relative error. Multi-host: add
 --coordinator, --num_processes, --process_id (docs/multihost.md).
@@ -27,8 +27,9 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import parity, sharding
-from ddtree_jax.bench_util import median_seconds
+from ddtree_jax import sharding
+from ddtree_jax.bench import parity
+from ddtree_jax.bench.timing import median_seconds
 from ddtree_jax.model import aligned_slots
 
 FLAGS = flags.FLAGS

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from ddtree_jax import data, engine
+from ddtree_jax import engine
+from ddtree_jax.training import data
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.drafter_io import load_drafter
 

@@ -16,7 +16,7 @@ appended to <out_dir>/results.jsonl (flushed and fsynced); a restart with the sa
 same JAX backend and device kind skips the points already there. At the end: a summary table on
 stdout, <out_dir>/sweep_T<temperature>.png per temperature, and with `results_dir` set the run's
 record there (ddtree_jax.bench.record; configs/sweep_h200.py writes it to results/). At temperature 0 a speculative
-point's tokens must be ar's (ddtree_jax.parity.check_greedy: equal, or apart from a near-tie in the
+point's tokens must be ar's (ddtree_jax.bench.parity.check_greedy: equal, or apart from a near-tie in the
 target's logits, counted in "greedy_ties") before its numbers are recorded; ar's records keep their
 tokens for that check, in this run and in a resumed one.
 ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
@@ -37,7 +37,8 @@ from ml_collections import config_flags
 
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
-from ddtree_jax import engine, parity, serving, sweep_io
+from ddtree_jax import engine, serving
+from ddtree_jax.bench import parity, sweep_io
 from ddtree_jax.bench import record
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/sweep_default.py")
@@ -56,7 +57,7 @@ def load_pair(cfg):
         n = max(cfg.streams) * cfg.batches
         prompts = [rng.integers(0, cfg.random_vocab, cfg.prompt_len or 32).tolist() for _ in range(n)]
         return target, drafter, prompts, f"random_tiny(v{cfg.random_vocab},b{cfg.block_size},s{cfg.seed})"
-    from ddtree_jax import data
+    from ddtree_jax.training import data
     target = dj.load_target(cfg.target_dir, dtype=jnp.dtype(cfg.dtype))
     drafter = dj.load_drafter(cfg.drafter_dir, dtype=jnp.dtype(cfg.dtype))
     prompts = [p[:cfg.prompt_len] if cfg.prompt_len else p for p in data.load_prompts(cfg.prompts)]

@@ -31,7 +31,9 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import bench_util, data, engine
+from ddtree_jax import engine
+from ddtree_jax.bench import timing
+from ddtree_jax.training import data
 
 _PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "target/, drafter/, heldout_prompts.json")
 _METHODS = flags.DEFINE_list("methods", ["ar", "dflash", "ddtree"], "engine methods")
@@ -68,7 +70,7 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
     dparams = drafter[1] if su.plan.dcfg is not None else None
     state = engine.prefill(target, drafter, su)
     step = engine.decode_steps.lower(target[1], dparams, state, su.plan).compile()
-    scopes = bench_util.hlo_kernel_scopes(step.as_text())
+    scopes = timing.hlo_kernel_scopes(step.as_text())
     walls = {}
     for loop in LOOPS:
         state = engine.prefill(target, drafter, su)
@@ -81,17 +83,17 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             _run_steps(step, target[1], dparams, state, steps, "engine")
-        kernels, procs = bench_util.device_kernels(d)
+        kernels, procs = timing.device_kernels(d)
     rec = dict(method=method, budget=budget if method == "ddtree" else None, streams=len(prompts),
                steps=steps, **{f"wall_{k}_ms": v for k, v in walls.items()},
                kernels_per_step=len(kernels) / steps)
     if not kernels and jax.default_backend() != "cpu":
         rec["trace_processes"] = procs          # no device streams recognised: say what was there
     if kernels:
-        k = bench_util.kernel_summary(kernels, steps, top)
+        k = timing.kernel_summary(kernels, steps, top)
         rec.update(busy_ms=k["busy_us"] / 1e3, busy_fraction=k["busy_us"] / 1e3 / rec["wall_engine_ms"],
                    top=[dict(name=t["name"], per_step=t["count"], us_per_step=t["us"]) for t in k["top"]],
-                   **bench_util.scope_summary(kernels, steps, scopes, depth=_DEPTH.value, top=_TOP.value))
+                   **timing.scope_summary(kernels, steps, scopes, depth=_DEPTH.value, top=_TOP.value))
     return rec
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from ddtree_jax import data, training
+from ddtree_jax.training import data, trainer
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.config import DrafterConfig
 from ddtree_jax.drafter import init_drafter
@@ -72,32 +72,32 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
         sample = functools.partial(data.sample_batch, tokens, c.batch_size, c.seq_len)
     tcfg, tparams = load_target(c.target, dtype=jnp.float32)
     dcfg = drafter_config(c, tcfg)
-    tx = training.adamw(c.b1, c.b2, c.weight_decay, c.clip)
+    tx = trainer.adamw(c.b1, c.b2, c.weight_decay, c.clip)
 
     @jax.jit
     def step_fn(params, opt_state, batch, step, total, tparams):
         key = jax.random.fold_in(jax.random.key(c.seed), step)
-        (loss, metrics), grads = jax.value_and_grad(training.drafter_loss, has_aux=True)(
+        (loss, metrics), grads = jax.value_and_grad(trainer.drafter_loss, has_aux=True)(
             params, tparams, dcfg, tcfg, batch, key, c.anchors_per_seq, c.gamma, c.labels)
         updates, opt_state = tx.update(grads, opt_state, params)
-        lr = training.learning_rate(step, total, c.lr, c.warmup)
-        return (training.apply_updates(params, updates, lr), opt_state, loss,
+        lr = trainer.learning_rate(step, total, c.lr, c.warmup)
+        return (trainer.apply_updates(params, updates, lr), opt_state, loss,
                 {"acc1": metrics["slot_acc"][0], "tau_data": metrics["tau_data"]})
 
     params, init = initial_params(c, dcfg)
     fresh = dict(params=params, opt_state=tx.init(params), step=np.int32(0),
                  total_steps=np.int32(c.steps), losses=np.zeros(c.steps, np.float32))
-    trainer = training.Trainer(workdir)
+    run = trainer.Trainer(workdir)
     t0 = time.perf_counter()
-    state = training.train_loop(
-        trainer, trainer.restore_or(fresh), lambda *a: step_fn(*a, tparams),
+    state = trainer.train_loop(
+        run, run.restore_or(fresh), lambda *a: step_fn(*a, tparams),
         functools.partial(sample, c.seed + 1),
         budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="drafter")
-    trainer.close()
+    run.close()
     total = int(state["total_steps"])
     losses = state["losses"][:total]
     eval_batch = sample(c.seed + 2, 0)
-    _, metrics = jax.jit(training.drafter_loss, static_argnums=(2, 3, 6, 7, 8))(
+    _, metrics = jax.jit(trainer.drafter_loss, static_argnums=(2, 3, 6, 7, 8))(
         state["params"], tparams, dcfg, tcfg, eval_batch, jax.random.key(c.seed + 2),
         c.anchors_per_seq, c.gamma, c.labels)
     summary = {"drafter": dcfg.to_hf(), "target": os.path.abspath(c.target), "steps": total,
@@ -110,8 +110,8 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     if export_dir:
-        save_drafter(export_dir, dcfg, training.cast_params(state["params"], c.export_dtype))
-    training.plot_losses(losses, os.path.join(workdir, "loss.png"),
+        save_drafter(export_dir, dcfg, trainer.cast_params(state["params"], c.export_dtype))
+    trainer.plot_losses(losses, os.path.join(workdir, "loss.png"),
                          f"drafter: DFlash loss (block {dcfg.block_size}, gamma {c.gamma:g})")
     print(f"drafter: {total} steps, final loss {summary['final_loss']:.4f}, "
           f"tau on data {summary['tau_on_data']:.2f}", flush=True)

@@ -22,7 +22,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from ddtree_jax import data, training
+from ddtree_jax.training import data, trainer
 from ddtree_jax.checkpoint import save_target_hf
 from ddtree_jax.config import ModelConfig
 from ddtree_jax.model import init_target
@@ -41,25 +41,25 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
     tok = Tokenizer.load(c.tokenizer)
     tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files)
     cfg = model_config(c, tok.vocab_size)
-    tx = training.adamw(c.b1, c.b2, c.weight_decay, c.clip)
+    tx = trainer.adamw(c.b1, c.b2, c.weight_decay, c.clip)
 
     @jax.jit
     def step_fn(params, opt_state, batch, step, total):
-        loss, grads = jax.value_and_grad(training.target_loss)(params, cfg, batch)
+        loss, grads = jax.value_and_grad(trainer.target_loss)(params, cfg, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
-        lr = training.learning_rate(step, total, c.lr, c.warmup)
-        return training.apply_updates(params, updates, lr), opt_state, loss, {}
+        lr = trainer.learning_rate(step, total, c.lr, c.warmup)
+        return trainer.apply_updates(params, updates, lr), opt_state, loss, {}
 
     params = init_target(cfg, jax.random.key(c.seed), jnp.float32)
     fresh = dict(params=params, opt_state=tx.init(params), step=np.int32(0),
                  total_steps=np.int32(c.steps), losses=np.zeros(c.steps, np.float32))
-    trainer = training.Trainer(workdir)
+    run = trainer.Trainer(workdir)
     t0 = time.perf_counter()
-    state = training.train_loop(
-        trainer, trainer.restore_or(fresh), step_fn,
+    state = trainer.train_loop(
+        run, run.restore_or(fresh), step_fn,
         lambda s: data.sample_batch(tokens, c.batch_size, c.seq_len + 1, c.seed, s),
         budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="target")
-    trainer.close()
+    run.close()
     total = int(state["total_steps"])
     losses = state["losses"][:total]
     summary = {"model": cfg.to_hf(), "steps": total, "tokens_per_step": c.batch_size * c.seq_len,
@@ -69,8 +69,8 @@ def train(c, workdir: str, export_dir: str | None = None) -> dict:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     if export_dir:
-        save_target_hf(export_dir, cfg, training.cast_params(state["params"], c.export_dtype))
-    training.plot_losses(losses, os.path.join(workdir, "loss.png"), "target: next-token cross-entropy")
+        save_target_hf(export_dir, cfg, trainer.cast_params(state["params"], c.export_dtype))
+    trainer.plot_losses(losses, os.path.join(workdir, "loss.png"), "target: next-token cross-entropy")
     print(f"target: {total} steps, final loss {summary['final_loss']:.4f}", flush=True)
     return summary
 

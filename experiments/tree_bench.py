@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from ddtree_jax import bench_util
+from ddtree_jax.bench import timing
 from ddtree_jax.bench import record
 from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref
@@ -83,7 +83,7 @@ def _median_wall(fn, *args, reps: int) -> float:
 def _device_time(stage, xs, reps: int) -> float:
     """Seconds per stage call on the device: the busy time of its kernels in a profiler trace
     (GPU), else (t(n) - t(1)) / (n - 1) of wall times over the distinct inputs xs (CPU)."""
-    traced = bench_util.traced_device_time(jax.jit(stage), xs[0], calls=reps)
+    traced = timing.traced_device_time(jax.jit(stage), xs[0], calls=reps)
     if traced:
         return traced["busy_us"] * 1e-6
     many = jax.jit(lambda xs: [stage(x) for x in xs])
@@ -189,7 +189,7 @@ def main(_):
             for impl in FLAGS.impls:
                 parts = _part_times(impl, xs, B)
                 build = lambda x: T._build(x, B, impl, False)  # noqa: E731
-                traced = bench_util.traced_device_time(jax.jit(build), xs[0], calls=FLAGS.reps)
+                traced = timing.traced_device_time(jax.jit(build), xs[0], calls=FLAGS.reps)
                 t_build = (traced["busy_us"] * 1e-6 if traced
                            else _device_time(build, xs, FLAGS.reps))
                 t_call = _median_wall(build, xs[0], reps=FLAGS.reps)

@@ -1,4 +1,4 @@
-"""Sharded runs equal unsharded ones, on simulated CPU devices (run by tests/test_sharding.py):
+"""Sharded runs equal unsharded ones, on simulated CPU devices (run by tests/framework/test_sharding.py):
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.sharding_checks 1,8,1 1,2,4:generate
 

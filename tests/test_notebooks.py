@@ -5,13 +5,13 @@ import os
 import sys
 
 import pytest
+from tests import ROOT
 
 # `make test` installs both (the test extra); the GPU machine's image has neither, and a
 # `pytest -m gpu tests/` run there must still collect this module.
 nbformat = pytest.importorskip("nbformat", reason="nbformat not installed (pip install -e '.[test]')")
 NotebookClient = pytest.importorskip("nbclient", reason="nbclient not installed").NotebookClient
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 
 

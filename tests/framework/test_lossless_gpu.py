@@ -4,7 +4,7 @@ The shipped pair in bfloat16 and float32, budgets 1..64 and a sample above, 1, 2
 held-out prompts per budget; each case against ar on the same prompts and stream count, judged as
 `parity.check_greedy` judges (equal, or apart only at a near-tie of the float32 target). Matmuls at
 JAX's default precision, as a user's run has them (the suite's conftest sets "highest"). GPU only:
-the CPU runs the xla path, which tests/test_engine.py covers.
+the CPU runs the xla path, which tests/framework/test_engine.py covers.
 """
 
 import functools
@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import pytest
 
 import ddtree_jax as dj
-from ddtree_jax import data, parity
+from ddtree_jax.bench import parity
+from ddtree_jax.training import data
+from tests import ROOT
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAIR = os.path.join(ROOT, "assets", "pair")
 BUDGETS = list(range(1, 65)) + [80, 96, 127, 128, 192, 255, 256]
 NEW_TOKENS = 64

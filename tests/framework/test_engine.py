@@ -531,10 +531,10 @@ def test_decode_recovers_from_a_short_prediction(steps_per_call, ready):
 
 def test_compiled_step_names_its_stages(pair32):
     """The fused step's ops carry the engine's stage scopes, which step_profile splits time by."""
-    from ddtree_jax import bench_util
+    from ddtree_jax.bench import timing
     target, drafter = pair32
     su = engine.setup(target, drafter, [[1, 2, 3]], method="ddtree", budget=4, max_new_tokens=4)
     state = engine.prefill(target, drafter, su)
     hlo = engine.decode_steps.lower(target[1], drafter[1], state, su.plan).compile().as_text()
-    stages = {s.split("/")[0] for s in bench_util.hlo_kernel_scopes(hlo).values()}
-    assert set(bench_util.STAGES) <= stages, stages
+    stages = {s.split("/")[0] for s in timing.hlo_kernel_scopes(hlo).values()}
+    assert set(timing.STAGES) <= stages, stages

@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import ROOT
+
 
 _SCRIPT = r"""
 import importlib, importlib.abc, pkgutil, sys

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ddtree_jax as dj
-from ddtree_jax import roofline as rf
+from ddtree_jax.bench import roofline as rf
 
 TOY = rf.GPU("toy", hbm_tbs=1.0, copy_tbs=1.0, bf16_tflops=100.0, link_gbs=100.0, link="toy",
              link_latency_us=0.0, source="test")

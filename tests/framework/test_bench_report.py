@@ -6,8 +6,8 @@ import os
 import pytest
 
 from ddtree_jax.bench import record, report
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _record(benchmark="tree_bench", date="2026-12-07T10:00:00Z", rows=None, **extra):

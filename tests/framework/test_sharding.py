@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from ddtree_jax import parity, sharding
+from ddtree_jax import sharding
+from ddtree_jax.bench import parity
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _abstract(shape):

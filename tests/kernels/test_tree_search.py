@@ -50,7 +50,7 @@ CASES = [(2, 4, 16, 20, "ints", True), (1, 1, 3, 10, "ints", False), (2, 3, 5, 1
 
 @pytest.mark.parametrize("S,L,V,budget,kind,with_lse", CASES)
 def test_pallas_tree_search_matches_heap_golden(S, L, V, budget, kind, with_lse):
-    """(The "xla" implementation is build_tree's CPU path: tests/test_tree.py covers it.)"""
+    """(The "xla" implementation is build_tree's CPU path: tests/framework/test_tree.py covers it.)"""
     rng = fresh_rng()
     logp = _logp(rng, kind, S, L, V)
     K = min(budget, V)

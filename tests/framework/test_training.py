@@ -12,7 +12,8 @@ import pytest
 # `pytest -m gpu tests/` run there must still collect this module.
 pytest.importorskip("ml_collections", reason="ml_collections not installed (pip install -e .)")
 
-from ddtree_jax import data, tokenizer, training
+from ddtree_jax import tokenizer
+from ddtree_jax.training import data, trainer
 from ddtree_jax.checkpoint import load_target, save_target_hf
 from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.drafter import drafter_hidden, init_drafter
@@ -20,8 +21,8 @@ from ddtree_jax.drafter_io import load_drafter
 from ddtree_jax.model import init_target
 from experiments import train_drafter, train_target
 from configs import train_drafter_small, train_target_small
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(ROOT, "assets", "tokenizer.json")
 
 
@@ -58,7 +59,7 @@ def test_batched_drafter_forward_equals_drafter_hidden():
     taps = jax.random.normal(k1, (1, t, len(dcfg.target_layer_ids) * d))
     anchors = jnp.array([[3, 8]], jnp.int32)
     emb = jax.random.normal(k2, (1, 2, dcfg.block_size, d))
-    got = training.drafter_train_hidden(params, dcfg, taps, emb, anchors)
+    got = trainer.drafter_train_hidden(params, dcfg, taps, emb, anchors)
     reference = jax.jit(drafter_hidden, static_argnums=1)
     for j, a in enumerate(np.asarray(anchors[0])):
         pos = jnp.concatenate([jnp.arange(a), a + jnp.arange(dcfg.block_size)])[None]
@@ -68,11 +69,11 @@ def test_batched_drafter_forward_equals_drafter_hidden():
 
 def test_drafter_loss_rejects_unknown_labels():
     with pytest.raises(ValueError, match="labels"):
-        training.drafter_loss(None, None, None, None, None, None, 4, 7.0, labels="soft")
+        trainer.drafter_loss(None, None, None, None, None, None, 4, 7.0, labels="soft")
 
 
 def test_sample_anchors_fit_the_sequence():
-    a = np.asarray(training.sample_anchors(jax.random.key(0), 4, 40, 16, 10))
+    a = np.asarray(trainer.sample_anchors(jax.random.key(0), 4, 40, 16, 10))
     assert a.shape == (4, 10) and a.min() >= 1 and a.max() <= 40 - 16
     assert all(len(set(row)) == 10 for row in a)
 
@@ -94,9 +95,9 @@ def test_distilled_continuations_are_the_targets_greedy_tokens(tmp_path):
     tcfg = ModelConfig.preset("tiny", vocab_size=2048)
     tparams = init_target(tcfg, jax.random.key(3))
     prompts = np.random.default_rng(0).integers(3, 2048, size=(3, 5))
-    seqs = training.greedy_continuations((tcfg, tparams), prompts, new_tokens=4, streams=2)
+    seqs = trainer.greedy_continuations((tcfg, tparams), prompts, new_tokens=4, streams=2)
     assert seqs.shape == (3, 9) and np.array_equal(seqs[:, :5], prompts)
-    _, greedy = training.target_taps(tparams, tcfg, jnp.asarray(seqs), (1,))
+    _, greedy = trainer.target_taps(tparams, tcfg, jnp.asarray(seqs), (1,))
     np.testing.assert_array_equal(np.asarray(greedy)[:, 4:8], seqs[:, 5:9])  # float32: exact
     path = str(tmp_path / "d.npz")
     np.savez(path, tokens=seqs.astype(np.uint16), meta='{"command": "x"}')

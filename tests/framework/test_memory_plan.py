@@ -11,9 +11,9 @@ import jax
 import pytest
 
 import ddtree_jax as dj
-from ddtree_jax import memory_plan as mp
+from ddtree_jax.bench import memory_plan as mp
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dj.ModelConfig.preset("tiny", quant=dj.QuantConfig("int4", 32))
 K2 = dj.ModelConfig.preset("kimi_k2_6")
 
@@ -117,7 +117,8 @@ def test_bad_arguments():
 _CHECK = """
 import jax, numpy as np, math
 import ddtree_jax as dj
-from ddtree_jax import memory_plan as mp, sharding
+from ddtree_jax import sharding
+from ddtree_jax.bench import memory_plan as mp
 cfg = dj.ModelConfig.preset("kimi_k2_6")
 dcfg = dj.DrafterConfig.for_target(cfg)
 work = mp.Workload(streams=16, context=4096, budget=256)

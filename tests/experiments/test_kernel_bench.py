@@ -10,9 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import ROOT
+
 # XLA's CPU backend without LLVM's costly optimisations: compiles faster, runs slower (for a test
-# whose time is compilation; tests/test_sharding.py runs its checks so too).
+# whose time is compilation; tests/framework/test_sharding.py runs its checks so too).
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
@@ -371,7 +372,7 @@ def test_mla_bench_device_time_is_per_call(monkeypatch):
         return dict(busy_us=80.0, kernels=12.0, top=[dict(name="body_mosaic_gpu_kernel", count=4.0, us=60.0)],
                     host_window=(1.0, 2.0))
 
-    monkeypatch.setattr(mla_bench.bench_util, "traced_device_time", fake_trace)
+    monkeypatch.setattr(mla_bench.timing, "traced_device_time", fake_trace)
     got = mla_bench.traced_in_graph(lambda x: x + 1, [(jnp.ones(2),)] * 4)
     assert seen == dict(sets=4, calls=5)
     assert got == dict(busy_us=20.0, kernels=3.0, top=[dict(name="body_mosaic_gpu_kernel", count=1.0, us=15.0)],

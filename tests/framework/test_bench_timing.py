@@ -8,13 +8,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from ddtree_jax import bench_util
+from ddtree_jax.bench import timing
 
 
 def test_kernel_summary_counts_overlaps_once():
     kernels = [dict(name="a", ts=0.0, dur=2.0), dict(name="b", ts=1.0, dur=2.0),
                dict(name="a", ts=10.0, dur=1.0), dict(name="c", ts=10.2, dur=0.5)]
-    k = bench_util.kernel_summary(kernels, per=2, top=2)
+    k = timing.kernel_summary(kernels, per=2, top=2)
     assert k["busy_us"] == pytest.approx((3.0 + 1.0) / 2)       # [0, 3] and [10, 11]
     assert k["span_us"] == pytest.approx(11.0 / 2)               # 0 .. 11, the idle 3 .. 10 included
     assert k["kernels"] == 2.0
@@ -24,7 +24,7 @@ def test_kernel_summary_counts_overlaps_once():
 def test_kernel_timeline_finds_gaps_between_merged_kernels():
     kernels = [dict(ts=0.0, dur=10.0), dict(ts=5.0, dur=20.0), dict(ts=40.0, dur=5.0),
                dict(ts=46.0, dur=4.0), dict(ts=100.0, dur=1.0)]
-    t = bench_util.kernel_timeline(kernels, gap_us=2.0)
+    t = timing.kernel_timeline(kernels, gap_us=2.0)
     assert t == dict(busy_ms=pytest.approx(0.035), span_ms=pytest.approx(0.101), gaps=2,
                      gap_ms=pytest.approx(0.065), largest_gap_ms=pytest.approx(0.050))
 
@@ -54,10 +54,10 @@ def test_device_kernels_reads_only_device_streams(tmp_path):
     d.mkdir(parents=True)
     with gzip.open(d / "host.trace.json.gz", "wt") as f:
         json.dump(dict(traceEvents=events), f)
-    kernels, procs = bench_util.device_kernels(str(tmp_path))
+    kernels, procs = timing.device_kernels(str(tmp_path))
     assert kernels == [dict(name="fusion_1", ts=5.0, dur=2.5)]
     assert procs == ["/device:GPU:0", "/host:CPU"]
-    kernels, _ = bench_util.device_kernels(str(tmp_path), with_args=True)
+    kernels, _ = timing.device_kernels(str(tmp_path), with_args=True)
     assert kernels == [dict(name="fusion_1", ts=5.0, dur=2.5, args={})]
 
 
@@ -70,7 +70,7 @@ def test_host_loop_probe_points_and_graph_launches():
     # Three launches of 21+ kernels (1 us each, 0.5 us apart), 10 us apart, and one small launch.
     kernels = [dict(ts=100.0 * g + 1.5 * i, dur=1.0, launch=g) for g in range(3) for i in range(22)]
     kernels.append(dict(ts=400.0, dur=2.0, launch=9))
-    got = bench_util.graph_launches(kernels)
+    got = timing.graph_launches(kernels)
     assert got["launches"] == 4 and got["step_launches"] == 3 and got["kernels"] == 22
     assert got["span_us"] == pytest.approx(1.5 * 21 + 1.0)
     assert got["busy_us"] == pytest.approx(22.0)
@@ -81,7 +81,7 @@ def test_host_loop_probe_points_and_graph_launches():
 def test_traced_device_time_is_none_without_a_device():
     if jax.default_backend() != "cpu":
         pytest.skip("checks the CPU answer")
-    assert bench_util.traced_device_time(jax.jit(lambda x: x + 1), jnp.ones(4), calls=2) is None
+    assert timing.traced_device_time(jax.jit(lambda x: x + 1), jnp.ones(4), calls=2) is None
 
 
 def test_traced_device_time_cycles_through_arg_sets():
@@ -94,10 +94,10 @@ def test_traced_device_time_cycles_through_arg_sets():
         return f(x)
 
     sets = [(jnp.full(4, v),) for v in (0, 1, 2)]
-    bench_util.traced_device_time(fn, calls=5, arg_sets=sets)
+    timing.traced_device_time(fn, calls=5, arg_sets=sets)
     assert seen == [0, 1, 2, 0, 1, 2, 0, 1]
     with pytest.raises(ValueError, match="arg_sets"):
-        bench_util.traced_device_time(fn, arg_sets=[])
+        timing.traced_device_time(fn, arg_sets=[])
 
 
 def test_traced_device_time_leaves_out_the_warm_calls(monkeypatch):
@@ -112,9 +112,9 @@ def test_traced_device_time_leaves_out_the_warm_calls(monkeypatch):
     # 3 calls of 2 kernels each, listed out of order; the first call's are slow (an idle GPU)
     fake = [dict(name="g", ts=20.0, dur=4.0), dict(name="g", ts=0.0, dur=9.0), dict(name="d", ts=24.0, dur=1.0),
             dict(name="d", ts=9.0, dur=2.0), dict(name="g", ts=12.0, dur=4.0), dict(name="d", ts=16.0, dur=1.0)]
-    monkeypatch.setattr(bench_util, "device_kernels", lambda d: (fake, []))
+    monkeypatch.setattr(timing, "device_kernels", lambda d: (fake, []))
     sets = [(jnp.full(4, v),) for v in (0, 1)]
-    got = bench_util.traced_device_time(fn, calls=2, arg_sets=sets, warm=1)
+    got = timing.traced_device_time(fn, calls=2, arg_sets=sets, warm=1)
     assert seen == [0, 1, 0, 1, 0]
     assert got["busy_us"] == pytest.approx((5.0 + 5.0) / 2)     # [12, 17] and [20, 25]
     assert got["span_us"] == pytest.approx(13.0 / 2)
@@ -122,14 +122,14 @@ def test_traced_device_time_leaves_out_the_warm_calls(monkeypatch):
     t0, t1 = got["host_window"]
     assert t0 <= t1 <= time.time()
     with pytest.raises(ValueError, match="warm"):
-        bench_util.traced_device_time(fn, calls=2, warm=-1)
+        timing.traced_device_time(fn, calls=2, warm=-1)
 
 
 def test_median_seconds_and_table():
-    assert bench_util.median_seconds(jax.jit(lambda x: x * 2), jnp.ones(8), reps=3, inner=2) > 0
+    assert timing.median_seconds(jax.jit(lambda x: x * 2), jnp.ones(8), reps=3, inner=2) > 0
     with pytest.raises(ValueError, match="reps"):
-        bench_util.median_seconds(lambda: 0, reps=0)
-    table = bench_util.markdown_table([dict(a=1.23456, b=None)], ["a", "b"])
+        timing.median_seconds(lambda: 0, reps=0)
+    table = timing.markdown_table([dict(a=1.23456, b=None)], ["a", "b"])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.23 |  |"]
 
 
@@ -149,7 +149,7 @@ _HLO = '''
 
 
 def test_hlo_kernel_scopes_and_scope_summary():
-    scopes = bench_util.hlo_kernel_scopes(_HLO)
+    scopes = timing.hlo_kernel_scopes(_HLO)
     assert scopes == {"input_transpose_fusion_2": "verify/Decoder/layers_*/self_attn/concatenate",
                       "_search_kernel": "tree", "fusion_7": "accept/select_n",
                       "fusion_649": "draft/DFlashDrafter/layers_*/self_attn/q_norm/convert_element_type"}
@@ -157,7 +157,7 @@ def test_hlo_kernel_scopes_and_scope_summary():
                dict(name="input_transpose_fusion_2", ts=9.0, dur=8.0),
                dict(name="_search_kernel", ts=20.0, dur=15.0), dict(name="fusion_7", ts=40.0, dur=1.0),
                dict(name="wrapped_concatenate_4", ts=41.0, dur=2.0)]
-    s = bench_util.scope_summary(kernels, per=1, scopes=scopes, depth=3)
+    s = timing.scope_summary(kernels, per=1, scopes=scopes, depth=3)
     assert s["stages"] == {"verify": dict(kernels=2, us=17.0), "tree": dict(kernels=1, us=15.0),
                            "accept": dict(kernels=1, us=1.0),
                            "unattributed": dict(kernels=1, us=2.0)}
@@ -169,7 +169,7 @@ def test_hlo_kernel_scopes_and_scope_summary():
 def test_sustain_calls_back_to_back_for_the_time_given():
     f = jax.jit(lambda x: x + 1)
     t0 = time.perf_counter()
-    calls = bench_util.sustain(f, jnp.ones(4), seconds=0.05)
+    calls = timing.sustain(f, jnp.ones(4), seconds=0.05)
     assert time.perf_counter() - t0 >= 0.05 and calls >= 8 and calls % 8 == 0
 
 
@@ -190,23 +190,23 @@ def test_clock_window_summarises_the_samples_in_the_window():
         f"{ts(200)}, 0, [N/A], 430.00, 0x0000000000000000",                       # unreadable: skipped
         f"{ts(250)}, 0, 345, 80.00, 0x0000000000000001"])
     t = base.timestamp()
-    got = bench_util.clock_window(text, t + 0.04, t + 0.21)
+    got = timing.clock_window(text, t + 0.04, t + 0.21)
     assert got == dict(samples=3, sm_mhz=1700.0, sm_mhz_min=1500.0, power_w_max=699.48,
                        power_capped=pytest.approx(2 / 3))
-    both = bench_util.clock_window(text, t + 0.04, t + 0.21, gpus=(0, 1))
+    both = timing.clock_window(text, t + 0.04, t + 0.21, gpus=(0, 1))
     assert both == dict(samples=5, sm_mhz=1700.0, sm_mhz_min=1500.0, power_w_max=701.0,
                         power_capped=pytest.approx(3 / 5), gpu_sm_mhz={0: 1700.0, 1: 1700.0})
-    assert bench_util.clock_window(text, t + 0.12, t + 0.21, gpus=(0, 1))["gpu_sm_mhz"] == {0: 1980.0}
-    assert bench_util.clock_window(text, t + 1.0, t + 2.0) == {}
+    assert timing.clock_window(text, t + 0.12, t + 0.21, gpus=(0, 1))["gpu_sm_mhz"] == {0: 1980.0}
+    assert timing.clock_window(text, t + 1.0, t + 2.0) == {}
 
 
 def test_gpu_clocks_without_nvidia_smi_samples_nothing(monkeypatch):
     import shutil
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    with bench_util.GpuClocks() as clocks:
+    with timing.GpuClocks() as clocks:
         assert clocks.window(0.0, time.time()) == {}
     with pytest.raises(ValueError, match="gpus"):
-        bench_util.GpuClocks(gpus=())
+        timing.GpuClocks(gpus=())
 
 
 def test_load_profile_splits_calls_into_burst_and_sustained(monkeypatch):
@@ -226,48 +226,48 @@ def test_load_profile_splits_calls_into_burst_and_sustained(monkeypatch):
             dur = 100.0 if c < 20 else 300.0      # slower once "capped"
             ks += [dict(name="a", ts=c * 1000.0, dur=dur), dict(name="b", ts=c * 1000.0 + dur, dur=dur)]
         return ks[::-1], []                       # any order
-    monkeypatch.setattr(bench_util, "device_kernels", fake_kernels)
+    monkeypatch.setattr(timing, "device_kernels", fake_kernels)
     sets = [(jnp.full(4, v),) for v in (0, 1)]
-    got = bench_util.load_profile(fn, sets, load_s=0.3, idle_s=0.0, burst_ms=10.0, settled_s=0.1)
+    got = timing.load_profile(fn, sets, load_s=0.3, idle_s=0.0, burst_ms=10.0, settled_s=0.1)
     assert made[:4] == [0, 1, 0, 1] and got["calls"] == len(made) - 2 and got["calls"] % 8 == 0
     assert got["calls"] >= 120                    # 0.3 s of a trivial call (the fake's 1 ms spacing)
     assert got["kernels_per_call"] == 2
     assert got["burst_us"] == 200.0 and got["burst_calls"] == 10
     assert got["sustained_us"] == 600.0 and got["sustained_calls"] == got["calls"] - 100
     with pytest.raises(ValueError, match="settled_s"):
-        bench_util.load_profile(fn, sets, load_s=0.5, settled_s=1.0)
-    monkeypatch.setattr(bench_util, "device_kernels", lambda d: ([dict(name="a", ts=0.0, dur=1.0)] * 3, []))
+        timing.load_profile(fn, sets, load_s=0.5, settled_s=1.0)
+    monkeypatch.setattr(timing, "device_kernels", lambda d: ([dict(name="a", ts=0.0, dur=1.0)] * 3, []))
     with pytest.raises(ValueError, match="not .* calls of one count"):
-        bench_util.load_profile(fn, sets, load_s=0.05, idle_s=0.0, burst_ms=10.0, settled_s=0.02)
+        timing.load_profile(fn, sets, load_s=0.05, idle_s=0.0, burst_ms=10.0, settled_s=0.02)
 
 
 def test_load_profile_is_none_without_a_device():
     if jax.default_backend() != "cpu":
         pytest.skip("checks the CPU answer")
     f = jax.jit(lambda x: x + 1)
-    assert bench_util.load_profile(f, [(jnp.ones(4),)], load_s=0.05, idle_s=0.0, burst_ms=10.0,
+    assert timing.load_profile(f, [(jnp.ones(4),)], load_s=0.05, idle_s=0.0, burst_ms=10.0,
                                    settled_s=0.02) is None
 
 
 def test_calls_busy_groups_kernels_by_start_order():
     ks = [dict(ts=105.0, dur=5.0), dict(ts=100.0, dur=3.0), dict(ts=102.0, dur=2.0), dict(ts=110.0, dur=1.0)]
-    assert bench_util.calls_busy(ks, 2) == [(0.0, 4.0), (5.0, 6.0)]   # [100, 104] and [105, 111]
+    assert timing.calls_busy(ks, 2) == [(0.0, 4.0), (5.0, 6.0)]   # [100, 104] and [105, 111]
     with pytest.raises(ValueError, match="4 kernels in the trace are not 3 calls"):
-        bench_util.calls_busy(ks, 3)
+        timing.calls_busy(ks, 3)
 
 
 def test_regimes_takes_medians_of_the_first_and_the_settled_calls():
     """Burst (first burst_ms), its first quarter, sustained (from settled_s); a step inside the burst
     window shows in first_us, not in burst_us."""
     calls = [(0.0, 10.0), (40e3, 12.0), (90e3, 11.0), (150e3, 30.0), (1.0e6, 20.0), (1.5e6, 22.0), (2.0e6, 21.0)]
-    got = bench_util.regimes(calls, 100.0, 102.5, burst_ms=100.0, settled_s=1.0)
+    got = timing.regimes(calls, 100.0, 102.5, burst_ms=100.0, settled_s=1.0)
     assert got == dict(burst_us=11.0, burst_calls=3, first_us=10.0, first_calls=1, sustained_us=21.0,
                        sustained_calls=3)
-    none = bench_util.regimes(calls[:2], 0.0, 1.0, burst_ms=10.0, settled_s=0.5)
+    none = timing.regimes(calls[:2], 0.0, 1.0, burst_ms=10.0, settled_s=0.5)
     assert none["burst_us"] == 10.0 and none["sustained_us"] is None and none["sustained_calls"] == 0
     assert none["first_us"] == 10.0 and none["first_calls"] == 1          # the first call at least
     step = [(c * 4e3, 3.4e3 if c < 8 else 3.8e3) for c in range(27)]    # throttled 32 ms in (T = 1024)
-    got = bench_util.regimes(step, 0.0, 0.2, burst_ms=100.0, settled_s=0.15)
+    got = timing.regimes(step, 0.0, 0.2, burst_ms=100.0, settled_s=0.15)
     assert got["burst_us"] == 3.8e3 and got["first_us"] == 3.4e3 and got["first_calls"] == 7, got
 
 
@@ -323,9 +323,9 @@ def test_sustained_ceilings_time_each_call_by_its_events(monkeypatch, ceiling):
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(clock))
     load = dict(load_s=0.05, idle_s=0.0, burst_ms=4.0, settled_s=0.01)
     if ceiling == "copy":
-        got, unit, work = bench_util.sustained_copy(nbytes=2**20, **load), "tbps", 2 * 2**20
+        got, unit, work = timing.sustained_copy(nbytes=2**20, **load), "tbps", 2 * 2**20
     else:
-        got, unit, work = bench_util.sustained_matmul(n=64, **load), "tflops", 2 * 64**3
+        got, unit, work = timing.sustained_matmul(n=64, **load), "tflops", 2 * 64**3
     assert got["calls"] == clock["ops"] - 1 and got["calls"] % 8 == 0 and clock["freed"] == 1
     # one untimed op first: timed ops start at 100 us, 49 of them take 100 us (starts 0 .. 4800
     # after the first), the rest 250 us from 5 ms; 10 ms in is the 21st of those

@@ -13,9 +13,10 @@ import time
 import jax
 import pytest
 
-from ddtree_jax import engine, parity, sweep_io
+from ddtree_jax import engine
+from ddtree_jax.bench import parity, sweep_io
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _rec(i, **kw):
@@ -25,8 +26,8 @@ def _rec(i, **kw):
 
 
 def test_stage_columns_are_the_engines_named_scopes():
-    from ddtree_jax import bench_util
-    assert sweep_io.STAGES is bench_util.STAGES == ("draft", "tree", "verify", "accept")
+    from ddtree_jax.bench import timing
+    assert sweep_io.STAGES is timing.STAGES == ("draft", "tree", "verify", "accept")
 
 
 def test_results_log_survives_a_torn_line(tmp_path):

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Iterable
 
-from ddtree_jax.bench_util import STAGES
+from ddtree_jax.bench.timing import STAGES
 
 
 def point_key(params: dict) -> str:

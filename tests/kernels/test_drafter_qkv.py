@@ -17,6 +17,7 @@ from pallas_kernels.drafter_qkv import drafter_qkv
 from pallas_kernels.drafter_qkv.pallas_triton import drafter_qkv_pallas
 from pallas_kernels.drafter_qkv.reference import drafter_qkv_reference
 from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
+from tests import ROOT
 
 
 def _inputs(rng, bsz, t, d, h, kvh, hd, with_q=True, with_norm=True, dtype=np.float32):
@@ -124,7 +125,7 @@ def test_bad_arguments_are_named(change, match):
 
 def test_pallas_refuses_a_head_dim_it_cannot_take():
     """The kernel's RoPE halves are power-of-two aranges: head_dim 48 is refused by name (impl
-    "auto" on a GPU then takes "xla", tests/test_registry.py)."""
+    "auto" on a GPU then takes "xla", tests/kernels/test_registry.py)."""
     x, pos, wq, wk, wv, qn, kn, inv, norm = _inputs(fresh_rng(), 1, 4, 32, 2, 1, 48)
     with pytest.raises(ValueError, match="head_dim = 2 x a power of two.*head_dim=48"):
         drafter_qkv_pallas(*map(jnp.asarray, (x, pos, wq, wk, wv, qn, kn, inv)), norm=jnp.asarray(norm), eps=1e-6)
@@ -154,7 +155,7 @@ def test_drafter_equal_across_implementations():
 
 def test_kernel_packages_import_first():
     """Each kernel package imports on its own, before ddtree_jax (which imports them): no cycle."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     for module in ("pallas_kernels.drafter_qkv", "pallas_kernels.tree_accept", "pallas_kernels.registry"):
         subprocess.run([sys.executable, "-c", f"import {module}"], cwd=root, check=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))

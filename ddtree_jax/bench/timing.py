@@ -414,7 +414,7 @@ def define_load_flags(what: str) -> None:
     flags.DEFINE_float("idle_s", 2.0, "with --load_s: idle seconds before each load")
     flags.register_validator("load_s", lambda v: v == 0 or v > 1.0,
                              message="--load_s must be 0 (off) or more than 1: the sustained window starts "
-                                     "1 s into the load (bench_util.load_profile's settled_s)")
+                                     "1 s into the load (timing.load_profile's settled_s)")
 
 
 def sustained_torch(op: Callable[[], object], *, load_s: float = 3.0, idle_s: float = 2.0,

@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from experiments import k2_step_bench as kb
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _FakeClocks:
-    """bench_util.GpuClocks as on a power-capped GPU: every window the same samples."""
+    """timing.GpuClocks as on a power-capped GPU: every window the same samples."""
 
     def __enter__(self):
         return self

@@ -127,4 +127,4 @@ def test_assert_close_logs_error_over_tolerance(monkeypatch, tmp_path):
     rows = [line.split("\t") for line in log.read_text().splitlines()]
     assert [r[1:] for r in rows] == [["small", "2.000e-03", "1.0e-02", "0.200"],
                                      ["big", "2.000e-01", "1.0e-02", "20.000"]]
-    assert rows[0][0].startswith("tests/test_registry.py::test_assert_close_logs_error_over_tolerance")
+    assert rows[0][0].startswith("tests/kernels/test_registry.py::test_assert_close_logs_error_over_tolerance")

@@ -934,11 +934,11 @@ def test_mosaic_context_twin_matches_its_contract(splits, balance):
     """context_attention_xla (what the GPU test holds the kernel to) against a float64 loop over
     context_attention's contract: every key below 128 pairs, then tail key 128 pairs + t (t below
     64 tail tiles) where its bit is set; splits > 1: part f is run f % splits of stream f //
-    splits, or with balance run k of stream s under the schedule (tests/test_mla_merge.py's
+    splits, or with balance run k of stream s under the schedule (tests/kernels/test_mla_merge.py's
     schedule_py: 3 * splits CTAs shared out by the streams' pairs; splits 3: 2, 2, 5 runs, stream
     0's first empty), runs of `run_bounds` over pairs + ceil(tail_tiles / 2).
     Pairs 0 / 1 / 6, tail tiles 1 / 3 / 1 (odd: half pairs)."""
-    from tests.test_mla_merge import schedule_py, totals_py
+    from tests.kernels.test_mla_merge import schedule_py, totals_py
     rng = fresh_rng()
     ctx, num_q, rows, n = [3, 198, 768], 60, 8, 900
     counts = [c // mosaic_gpu.PAIR for c in ctx]

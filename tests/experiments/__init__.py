@@ -1,0 +1,1 @@
+"""Tests of the experiment entry points and the benchmark scripts (CPU parts)."""

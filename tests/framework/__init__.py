@@ -1,0 +1,1 @@
+"""Tests of the framework package, ddtree_jax."""

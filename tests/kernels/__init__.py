@@ -1,0 +1,1 @@
+"""Tests of the kernel library, pallas_kernels: every implementation against its golden."""
