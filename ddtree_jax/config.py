@@ -32,6 +32,50 @@ def _require_int(name: str, value, minimum: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Kernels:
+    """Which implementation each kernel operation runs (pallas_kernels.registry names; "auto": the
+    registry's choice by backend and shape). One static value for the model and the engine.
+
+    attn: the target's "mla_attention"; moe: "moe_experts"; topk: the tree's "topk" /
+    "topk_logsumexp", "tree_search" and "tree_accept"; drafter_attn: the drafter's
+    "drafter_qkv" and "drafter_attention"; attn_balance: mla_attention's schedule hint for streams
+    of different context lengths (the same result either way; docs/kernels/mla_attention.md).
+    """
+
+    attn: str = "auto"
+    moe: str = "auto"
+    topk: str = "auto"
+    drafter_attn: str = "auto"
+    attn_balance: bool = True
+
+    # the keyword arguments that name one field each (generate, serve, forward take them too)
+    ALIASES = {"attn_impl": "attn", "moe_impl": "moe", "topk_impl": "topk",
+               "drafter_attn_impl": "drafter_attn", "attn_balance": "attn_balance"}
+
+    def __post_init__(self):
+        from pallas_kernels.registry import IMPLS
+        for alias, f in self.ALIASES.items():
+            value = getattr(self, f)
+            if f != "attn_balance" and value != "auto" and value not in IMPLS:
+                raise ValueError(f"Kernels.{f} ({alias}) must be 'auto' or one of {IMPLS}; "
+                                 f"got {value!r}")
+        if not isinstance(self.attn_balance, bool):
+            raise ValueError(f"Kernels.attn_balance must be a bool; got {self.attn_balance!r}")
+
+    @classmethod
+    def of(cls, kernels: "Kernels | None" = None, **aliases) -> "Kernels":
+        """`kernels` (default Kernels()) with the fields that keyword aliases (ALIASES, e.g.
+        attn_impl="xla") name replaced; None values are ignored. TypeError for another keyword."""
+        unknown = set(aliases) - set(cls.ALIASES)
+        if unknown:
+            raise TypeError(f"unknown kernel option(s) {sorted(unknown)}; expected {sorted(cls.ALIASES)}")
+        if kernels is not None and not isinstance(kernels, Kernels):
+            raise TypeError(f"kernels must be a Kernels; got {type(kernels).__name__}")
+        changes = {cls.ALIASES[k]: v for k, v in aliases.items() if v is not None}
+        return dataclasses.replace(kernels or cls(), **changes)
+
+
+@dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """YaRN rope scaling (`rope_scaling` in config.json, type "yarn")."""
 

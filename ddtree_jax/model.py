@@ -21,7 +21,7 @@ import numpy as np
 from ddtree_jax import rope
 from ddtree_jax import sharding
 from ddtree_jax.checks import integer_array
-from ddtree_jax.config import ModelConfig
+from ddtree_jax.config import Kernels, ModelConfig
 from pallas_kernels import registry
 from pallas_kernels import moe as moe_kernels
 from pallas_kernels import mla_attention as mla_kernels
@@ -164,16 +164,17 @@ class MoE(nn.Module):
 
     cfg: ModelConfig
     param_dtype: Any = jnp.float32
+    kernels: Kernels = Kernels()
 
     @nn.compact
-    def __call__(self, x, moe_impl: str):
+    def __call__(self, x):
         cfg = self.cfg
         d, e = cfg.hidden_size, cfg.n_routed_experts
         gate, bias = Router(d, e, self.param_dtype, name="gate")()
         experts = self.param("experts", functools.partial(init_experts, cfg, dtype=self.param_dtype))
         xt = x.reshape(-1, d)
         ids, weights = route(xt.astype(jnp.float32) @ gate.astype(jnp.float32), bias, cfg)
-        routed = sharding.moe_experts(registry.get("moe_experts", moe_impl), xt, ids, weights, experts)
+        routed = sharding.moe_experts(registry.get("moe_experts", self.kernels.moe), xt, ids, weights, experts)
         out = routed.reshape(x.shape).astype(x.dtype)
         if cfg.n_shared_experts:
             out = out + SwiGLU(d, cfg.n_shared_experts * cfg.moe_intermediate_size, self.param_dtype,
@@ -223,10 +224,10 @@ class MLA(nn.Module):
 
     cfg: ModelConfig
     param_dtype: Any = jnp.float32
+    kernels: Kernels = Kernels()
 
     @nn.compact
-    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode: str, attn_impl: str,
-                 attn_balance: bool = True):
+    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode: str):
         cfg, pd = self.cfg, self.param_dtype
         s, t, d = x.shape
         h, nope, rdim, vdim, lora = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
@@ -254,8 +255,9 @@ class MLA(nn.Module):
             # The latent and rope parts go in apart: concatenated, the [S, H, T, Dk] query costs XLA
             # a slow transpose fusion.
             q_lat = jnp.einsum("sthn,lhn->shtl", q_nope, w_uk)
-            attend = functools.partial(registry.get("mla_attention", attn_impl), scale=cfg.softmax_scale,
-                                       v_dim=lora, heads_first=True, balance=attn_balance)
+            attend = functools.partial(registry.get("mla_attention", self.kernels.attn),
+                                       scale=cfg.softmax_scale, v_dim=lora, heads_first=True,
+                                       balance=self.kernels.attn_balance)
             o_lat = sharding.attention(attend, q_lat, kv, lengths, mla_kernels.visibility_to_mask(vis),
                                        heads_first=True, q_rope=q_pe.swapaxes(1, 2))
             o = jnp.einsum("shtl,lhv->sthv", o_lat.astype(x.dtype), w_uv)
@@ -294,18 +296,18 @@ class DecoderLayer(nn.Module):
     cfg: ModelConfig
     index: int
     param_dtype: Any = jnp.float32
+    kernels: Kernels = Kernels()
 
     @nn.compact
-    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode, attn_impl, moe_impl,
-                 attn_balance: bool = True):
+    def __call__(self, x, positions, kv, lengths, visibility, num_new, mode):
         cfg, pd = self.cfg, self.param_dtype
-        a, kv = MLA(cfg, pd, name="self_attn")(
+        a, kv = MLA(cfg, pd, self.kernels, name="self_attn")(
             RMSNorm(cfg.rms_norm_eps, pd, name="input_layernorm")(x),
-            positions, kv, lengths, visibility, num_new, mode, attn_impl, attn_balance)
+            positions, kv, lengths, visibility, num_new, mode)
         h = x + a
         y = RMSNorm(cfg.rms_norm_eps, pd, name="post_attention_layernorm")(h)
         if cfg.is_moe_layer(self.index):
-            m = MoE(cfg, pd, name="mlp")(y, moe_impl)
+            m = MoE(cfg, pd, self.kernels, name="mlp")(y)
         else:
             m = SwiGLU(cfg.hidden_size, cfg.intermediate_size, pd, name="mlp")(y)
         return h + m, kv
@@ -314,17 +316,17 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     cfg: ModelConfig
     param_dtype: Any = jnp.float32
+    kernels: Kernels = Kernels()
 
     @nn.compact
     def __call__(self, tokens, positions, kv, lengths, visibility, num_new, taps: Sequence[int],
-                 mode: str = "absorbed", attn_impl: str = "auto", moe_impl: str = "auto",
-                 attn_balance: bool = True):
+                 mode: str = "absorbed"):
         cfg, pd = self.cfg, self.param_dtype
         x = Embed(cfg.vocab_size, cfg.hidden_size, pd, name="embed_tokens")(tokens)
         new_kv, tapped = [], {}
         for i in range(cfg.num_hidden_layers):
-            x, layer_kv = DecoderLayer(cfg, i, pd, name=f"layers_{i}")(
-                x, positions, kv[i], lengths, visibility, num_new, mode, attn_impl, moe_impl, attn_balance)
+            x, layer_kv = DecoderLayer(cfg, i, pd, self.kernels, name=f"layers_{i}")(
+                x, positions, kv[i], lengths, visibility, num_new, mode)
             new_kv.append(layer_kv)
             if i in taps:
                 tapped[i] = x
@@ -353,9 +355,9 @@ def _init_target(cfg: ModelConfig, key, dtype):
     key = jax.random.key(jax.random.bits(key, (), jnp.uint32), impl="rbg")
     dummy = jnp.zeros((1, 1), jnp.int32)
     cache = init_cache(cfg, 1, 1, dtype)
-    variables = Decoder(cfg, dtype).init(key, dummy, dummy, cache.kv, cache.lengths,
-                                         jnp.ones((1, 1, 1), bool), jnp.ones((1,), jnp.int32), (),
-                                         "absorbed", "xla", "xla")
+    variables = Decoder(cfg, dtype, Kernels(attn="xla", moe="xla")).init(
+        key, dummy, dummy, cache.kv, cache.lengths, jnp.ones((1, 1, 1), bool),
+        jnp.ones((1,), jnp.int32), (), "absorbed")
     return variables["params"]
 
 
@@ -368,16 +370,17 @@ def _is_concrete(*xs) -> bool:
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, visibility=None,
             num_new=None, taps: Sequence[int] = (), attn_mode: str = "absorbed",
-            attn_impl: str = "auto", moe_impl: str = "auto", attn_balance: bool = True) -> ForwardOut:
+            kernels: Kernels | None = None, **kernel_aliases) -> ForwardOut:
     """Run T new tokens per stream against `cache`.
 
     tokens, positions [S, T] integer; visibility [S, T, T] bool (None: causal among the new tokens);
     num_new [S] integer in [0, T], valid new tokens per stream (None: all T). New tokens are written at slots
     lengths[s] + t; the returned cache has lengths += num_new. Returns logits [S, T, V] float32,
     the cache, and the hidden states after layers `taps` concatenated [S, T, len(taps) * d].
-    attn_balance: the "mla_attention" op's scheduling hint for ragged stream lengths (the same
-    logits either way; pallas_kernels.mla_attention.mla_attention's balance).
+    kernels: the kernel implementations (config.Kernels; default: "auto" for every operation);
+    the keywords attn_impl, moe_impl, attn_balance set one field each (Kernels.ALIASES).
     """
+    kernels = Kernels.of(kernels, **kernel_aliases)
     tokens = integer_array("tokens", tokens, jnp)
     positions = integer_array("positions", positions, jnp)
     if tokens.ndim != 2:
@@ -416,36 +419,38 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, 
     if attn_mode not in ("absorbed", "naive"):
         raise ValueError(f"attn_mode must be 'absorbed' or 'naive', got {attn_mode!r}")
     return _apply(params, cfg, tokens, positions, cache, visibility, num_new, tuple(taps), attn_mode,
-                  attn_impl, moe_impl, bool(attn_balance))
+                  kernels)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "taps", "attn_mode", "attn_impl", "moe_impl", "attn_balance"))
-def _apply(params, cfg, tokens, positions, cache, visibility, num_new, taps, attn_mode, attn_impl,
-           moe_impl, attn_balance) -> ForwardOut:
+@functools.partial(jax.jit, static_argnames=("cfg", "taps", "attn_mode", "kernels"))
+def _apply(params, cfg, tokens, positions, cache, visibility, num_new, taps, attn_mode,
+           kernels) -> ForwardOut:
     dtype = jax.tree_util.tree_leaves(params["embed_tokens"])[0].dtype
-    logits, kv, tap_out = Decoder(cfg, dtype).apply(
+    logits, kv, tap_out = Decoder(cfg, dtype, kernels).apply(
         {"params": params}, tokens, positions, cache.kv, cache.lengths, visibility, num_new,
-        taps, attn_mode, attn_impl, moe_impl, attn_balance)
+        taps, attn_mode)
     return ForwardOut(logits=logits, cache=LatentCache(kv=kv, lengths=cache.lengths + num_new),
                       taps=tap_out)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_mode", "attn_impl", "moe_impl"))
-def _causal_logits(params, cfg, tokens, attn_mode, attn_impl, moe_impl):
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_mode", "kernels"))
+def _causal_logits(params, cfg, tokens, attn_mode, kernels):
     s, t = tokens.shape
     dtype = jax.tree_util.tree_leaves(params["embed_tokens"])[0].dtype
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (s, t))
     out = forward(params, cfg, tokens, positions, init_cache(cfg, s, t, dtype), attn_mode=attn_mode,
-                  attn_impl=attn_impl, moe_impl=moe_impl)
+                  kernels=kernels)
     return out.logits
 
 
 def target_logits(params, cfg: ModelConfig, tokens, *, attn_mode: str = "naive",
-                  attn_impl: str = "auto", moe_impl: str = "auto"):
-    """Plain causal forward: tokens [B, T] integer -> float32 logits [B, T, V] (positions 0..T-1)."""
+                  kernels: Kernels | None = None, **kernel_aliases):
+    """Plain causal forward: tokens [B, T] integer -> float32 logits [B, T, V] (positions 0..T-1).
+    kernels / kernel_aliases as `forward`'s."""
+    kernels = Kernels.of(kernels, **kernel_aliases)
     tokens = integer_array("tokens", tokens, jnp).astype(jnp.int32)
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
     if _is_concrete(tokens) and (np.any(np.asarray(tokens) < 0) or np.any(np.asarray(tokens) >= cfg.vocab_size)):
         raise ValueError(f"tokens out of vocabulary range [0, {cfg.vocab_size})")
-    return _causal_logits(params, cfg, tokens, attn_mode, attn_impl, moe_impl)
+    return _causal_logits(params, cfg, tokens, attn_mode, kernels)

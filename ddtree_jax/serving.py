@@ -30,7 +30,9 @@ import numpy as np
 
 from ddtree_jax import engine
 from ddtree_jax.checks import check_int
+from ddtree_jax.config import Kernels
 from ddtree_jax.engine import EngineState, GenerateResult, Plan
+from ddtree_jax.sampling import Sampling
 
 
 def _put(big, small, slots, axis: int):
@@ -77,31 +79,26 @@ def batch_sizes(streams: int) -> tuple[int, ...]:
 
 
 def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, method: str = "ddtree",
-          budget: int = 64, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
-          top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_tokens: int | Sequence[int] = (),
-          max_len: int | None = None, attn_impl: str = "auto", moe_impl: str = "auto",
-          topk_impl: str = "auto", drafter_attn_impl: str = "auto", attn_balance: bool = True,
-          steps_per_call: int = 1, max_lag: int | None = None, warmup: bool = True) -> GenerateResult:
+          budget: int = 64, max_new_tokens: int | Sequence[int] = 64,
+          sampling: Sampling | None = None, seed: int = 0, stop_tokens: int | Sequence[int] = (),
+          max_len: int | None = None, kernels: Kernels | None = None,
+          decoding: engine.Decoding | None = None, **options) -> GenerateResult:
     """Serve every prompt (one request each, in order) with `streams` slots decoding at once.
 
-    Arguments as `engine.generate` (max_new_tokens: one int or one per request; attn_balance is
-    meant for this ragged case: the slots' contexts differ). Returns a
-    GenerateResult with one entry per request in `tokens`, `acceptance_lengths` and
-    `request_seconds` (host clock from the request's admission, or the start for the first
-    `streams`, to the host seeing it done: up to `max_lag` calls late); `steps` counts the steps in
-    which some slot was active, `decode_seconds` the serving wall time, `prefill_seconds` the first
-    `streams` prompts' prefill; no stage times.
+    Arguments as `engine.generate` (max_new_tokens: one int or one per request; kernels'
+    attn_balance is meant for this ragged case: the slots' contexts differ); of `decoding`, serve
+    uses steps_per_call, max_lag and warmup. Returns a GenerateResult with one entry per request
+    in `tokens`, `acceptance_lengths` and `request_seconds` (host clock from the request's
+    admission, or the start for the first `streams`, to the host seeing it done: up to max_lag
+    calls late); `steps` counts the steps in which some slot was active, `decode_seconds` the
+    serving wall time, `prefill_seconds` the first `streams` prompts' prefill; no stage times.
     """
     check_int("streams", streams, 1)
-    check_int("steps_per_call", steps_per_call, 1)
-    if max_lag is not None:
-        check_int("max_lag", max_lag, 1)
-    lag = max(1, 3 // steps_per_call) if max_lag is None else max_lag
+    sampling, kernels, decoding = engine.resolve_options(sampling, kernels, decoding, **options)
+    steps_per_call, lag, warmup = decoding.steps_per_call, decoding.lag, decoding.warmup
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
-                      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, stop_tokens=stop_tokens, max_len=max_len, attn_impl=attn_impl,
-                      moe_impl=moe_impl, topk_impl=topk_impl, drafter_attn_impl=drafter_attn_impl,
-                      attn_balance=attn_balance)
+                      max_new_tokens=max_new_tokens, sampling=sampling, stop_tokens=stop_tokens,
+                      max_len=max_len, kernels=kernels)
     plan, tparams = su.plan, target[1]
     dparams = drafter[1] if plan.dcfg is not None else None
     n, s = len(prompts), min(int(streams), len(prompts))

@@ -12,6 +12,7 @@ from scipy import stats
 
 import ddtree_jax as dj
 from ddtree_jax import engine
+from ddtree_jax.engine import generation
 from ddtree_jax.config import ConfigError
 from pallas_kernels import registry
 from tests.kernel_testing import assert_close
@@ -80,7 +81,7 @@ def test_timed_decodes_that_disagree_are_refused(pair32, prompts, monkeypatch):
         state = real(*args, **kwargs)
         calls.append(1)
         return state if len(calls) == 1 else state.replace(out_tokens=state.out_tokens + 1)
-    monkeypatch.setattr(engine, "run_decode", second_differs)
+    monkeypatch.setattr(generation, "run_decode", second_differs)
     with pytest.raises(RuntimeError, match="timing_reps"):
         engine.generate(target, None, prompts[:2], method="ar", max_new_tokens=4, timing_reps=2, stage_reps=0)
     assert len(calls) == 2
@@ -205,8 +206,8 @@ def test_attn_balance_reaches_the_attention_and_keeps_tokens(pair32, prompts, gr
                    max_new_tokens=max_new[:6], stop_tokens=(stop,), attn_impl="xla")
     assert out.tokens == ar.tokens[:6]
     assert hints and set(hints) == {True}, hints
-    assert engine.setup(target, drafter, [[1]]).plan.attn_balance is True
-    assert engine.setup(target, drafter, [[1]], attn_balance=False).plan.attn_balance is False
+    assert engine.setup(target, drafter, [[1]]).plan.kernels.attn_balance is True
+    assert engine.setup(target, drafter, [[1]], attn_balance=False).plan.kernels.attn_balance is False
 
 
 def test_decode_loop_choice(pair32):

@@ -1,0 +1,237 @@
+"""The engine's static plan, its device state, a validated call (`setup`) and its result."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddtree_jax import drafter as dft
+from ddtree_jax import model as tgt
+from ddtree_jax import sharding
+from ddtree_jax.checks import check_int, integer_array
+from ddtree_jax.config import DrafterConfig, Kernels, ModelConfig
+from ddtree_jax.sampling import Sampling
+from pallas_kernels import registry
+
+
+METHODS = ("ar", "dflash", "ddtree")
+DECODE_LOOPS = ("auto", "host", "device")
+
+
+@flax.struct.dataclass
+class EngineState:
+    """Everything a step reads and writes, one row per stream (S streams)."""
+
+    tcache: tgt.LatentCache      # committed tokens (all emitted tokens but the pending one)
+    dcache: dft.DrafterCache | None
+    pending: jnp.ndarray         # [S] int32 last emitted token, not yet through the target
+    out_tokens: jnp.ndarray      # [S, max_new + block] int32 emitted tokens
+    out_len: jnp.ndarray         # [S] int32
+    accept: jnp.ndarray          # [S, max_steps] int32 acceptance length per step (0: inactive)
+    done: jnp.ndarray            # [S] bool
+    max_new: jnp.ndarray         # [S] int32
+    step: jnp.ndarray            # [] int32
+    key: jnp.ndarray             # PRNG key
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Static description of one generate call (hashable: a jit static argument)."""
+
+    tcfg: ModelConfig
+    dcfg: DrafterConfig | None
+    method: str
+    budget: int
+    sampling: Sampling
+    stop_tokens: tuple[int, ...]
+    kernels: Kernels = Kernels()   # the kernel implementations of the model, drafter and tree
+
+    @property
+    def nodes(self) -> int:
+        """Verified tokens per stream per step (root included)."""
+        return {"ar": 1, "dflash": self.dcfg.block_size if self.dcfg else 1,
+                "ddtree": self.budget + 1}[self.method]
+
+    @property
+    def max_depth(self) -> int:
+        return 0 if self.method == "ar" else self.dcfg.block_size - 1
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    tokens: list                 # per stream: generated ids
+    acceptance_lengths: list     # per stream: tokens emitted by each step before truncation
+    tau: float                   # mean acceptance length over all (stream, step) pairs
+    tokens_per_second: float     # generated tokens / decode wall time (compile, warm-up excluded)
+    stage_times: dict            # seconds per step: draft, tree, verify, accept (+ step total)
+    steps: int
+    prefill_seconds: float
+    decode_seconds: float
+    compile_seconds: float
+    request_seconds: list | None = None   # `serve` only: per request, admission to its result
+    device_steps: int = 0        # steps the device ran, including those after every stream was done
+    decode_loop: str = ""        # the loop that ran the decode: "host" or "device" (`decode_loop_for`)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """How a decode runs and is timed; every choice yields the same tokens.
+
+    steps_per_call: engine steps per dispatch of the compiled step, or between the device loop's
+    checks for streams with tokens left; decode_loop: "auto", "host" or "device"
+    (`loops.decode_loop_for`); max_lag: calls the host loop lets run ahead of its reads (None:
+    max(1, 3 // steps_per_call)); timing_reps: decodes of the same prefilled state, tokens/s from
+    the median; stage_reps: timed repetitions of each stage for `stage_times` (0: none); warmup:
+    run the compiled call once before timing, so first-run costs stay out of tokens/s.
+    """
+
+    steps_per_call: int = 1
+    decode_loop: str = "auto"
+    max_lag: int | None = None
+    timing_reps: int = 1
+    stage_reps: int = 3
+    warmup: bool = True
+
+    def __post_init__(self):
+        check_int("steps_per_call", self.steps_per_call, 1)
+        check_int("timing_reps", self.timing_reps, 1)
+        check_int("stage_reps", self.stage_reps, 0)
+        if self.max_lag is not None:
+            check_int("max_lag", self.max_lag, 1)
+        if self.decode_loop not in DECODE_LOOPS:
+            raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {self.decode_loop!r}")
+        if not isinstance(self.warmup, bool):
+            raise ValueError(f"warmup must be a bool, got {self.warmup!r}")
+
+    @property
+    def lag(self) -> int:
+        """The host loop's lag in calls (max_lag, or its default)."""
+        return max(1, 3 // self.steps_per_call) if self.max_lag is None else self.max_lag
+
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+
+
+def resolve_options(sampling: Sampling | None = None, kernels: Kernels | None = None,
+                    decoding: Decoding | None = None, **aliases) -> tuple[Sampling, Kernels, Decoding]:
+    """The three option values of a call, each from its own argument (None: the default) with the
+    keyword aliases that name one field (temperature=..., attn_impl=..., steps_per_call=...)
+    replaced; TypeError naming any keyword that is none of them."""
+    groups = {"sampling": {}, "kernels": {}, "decoding": {}}
+    decoding_fields = {f.name for f in dataclasses.fields(Decoding)}
+    for key, value in aliases.items():
+        group = ("sampling" if key in SAMPLING_FIELDS else "kernels" if key in Kernels.ALIASES
+                 else "decoding" if key in decoding_fields else None)
+        if group is None:
+            raise TypeError(f"unknown option {key!r}: expected one of {sorted(SAMPLING_FIELDS)}, "
+                            f"{sorted(Kernels.ALIASES)} or {sorted(decoding_fields)}")
+        groups[group][key] = value
+    for name, value, kind in (("sampling", sampling, Sampling), ("decoding", decoding, Decoding)):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{name} must be a {kind.__name__}; got {type(value).__name__}")
+    return (dataclasses.replace(sampling or Sampling(), **groups["sampling"]),
+            Kernels.of(kernels, **groups["kernels"]),
+            dataclasses.replace(decoding or Decoding(), **groups["decoding"]))
+
+
+def shard_state(state: EngineState) -> EngineState:
+    """Pin the state's layout under a mesh (streams over "data", caches by their rules), so every
+    step returns the state laid out as it took it; the identity without a mesh."""
+    streams = lambda x: sharding.constrain(x, ("streams",) + (None,) * (x.ndim - 1))
+    tcache = tgt.LatentCache(kv=tuple(sharding.constrain(k, sharding.LATENT_CACHE)
+                                      for k in state.tcache.kv),
+                             lengths=streams(state.tcache.lengths))
+    dcache = state.dcache
+    if dcache is not None:
+        dcache = dft.DrafterCache(*(sharding.constrain(c, sharding.DRAFTER_CACHE) for c in dcache[:2]),
+                                  streams(dcache.lengths))
+    return state.replace(tcache=tcache, dcache=dcache, pending=streams(state.pending),
+                         out_tokens=streams(state.out_tokens), out_len=streams(state.out_len),
+                         accept=streams(state.accept), done=streams(state.done),
+                         max_new=streams(state.max_new))
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A validated generate call: the static plan and the host-side padded inputs."""
+
+    plan: Plan
+    prompts: np.ndarray      # [S, P] int32, zero-padded
+    lengths: np.ndarray      # [S] int32
+    max_new: np.ndarray      # [S] int32
+    max_len: int             # target cache slots per stream
+    max_out: int             # output buffer width
+    max_steps: int
+
+
+def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
+          sampling: Sampling | None = None, stop_tokens=(), max_len=None,
+          kernels: Kernels | None = None, **aliases) -> Setup:
+    """Validate a generate call (see `generate`) and lay out its inputs. sampling, kernels and
+    their keyword aliases (temperature=..., attn_impl=...) as `resolve_options` takes them."""
+    sampling, kernels, _ = resolve_options(sampling, kernels, **aliases)
+    tcfg = target[0]
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    dcfg = drafter[0] if (drafter is not None and method != "ar") else None
+    if method != "ar":
+        if dcfg is None:
+            raise ValueError(f"method {method!r} needs a drafter (config, params)")
+        dcfg.check_target(tcfg)
+    if method == "ddtree":
+        check_int("budget", budget, 1)
+    try:
+        registry.resolve("drafter_attention", kernels.drafter_attn)
+    except ValueError as e:
+        raise ValueError(f"drafter_attn_impl: {e}") from None
+    plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0,
+                sampling, _stop_tokens(stop_tokens), kernels)
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    if len(prompts) == 0 or np.any(lengths == 0):
+        raise ValueError("prompts must be a non-empty list of non-empty token lists")
+    max_new = integer_array("max_new_tokens", max_new_tokens)
+    if max_new.shape not in ((), lengths.shape):
+        raise ValueError(f"max_new_tokens must be one int or one per prompt ({len(prompts)}), "
+                         f"got shape {max_new.shape}")
+    max_new = np.broadcast_to(max_new, lengths.shape).astype(np.int32)
+    if np.any(max_new < 1):
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new.tolist()}")
+    padded = np.zeros((len(prompts), lengths.max()), np.int32)
+    for i, p in enumerate(prompts):
+        p = integer_array(f"prompts[{i}]", p)
+        if p.ndim != 1:
+            raise ValueError(f"prompts[{i}] must be a list of token ids, got shape {p.shape}")
+        padded[i, :len(p)] = p
+    if padded.min() < 0 or padded.max() >= tcfg.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {tcfg.vocab_size})")
+    needed = int((lengths + max_new).max()) + plan.nodes
+    if max_len is None:
+        max_len = tgt.aligned_slots(needed)
+    elif needed > max_len:
+        raise ValueError(f"prompts longer than the cache: longest prompt + max_new_tokens + "
+                         f"{plan.nodes} verify slots = {needed} > max_len = {max_len}")
+    if int((lengths + max_new).max()) > tcfg.max_position_embeddings:
+        raise ValueError(f"prompt + max_new_tokens exceeds max_position_embeddings "
+                         f"{tcfg.max_position_embeddings}")
+    return Setup(plan, padded, lengths, max_new, max_len,
+                 max_out=int(max_new.max()) + plan.max_depth + 1, max_steps=int(max_new.max()))
+
+
+def _stop_tokens(stop_tokens) -> tuple[int, ...]:
+    """One token id or a sequence of them -> a tuple of ints."""
+    stop = np.asarray(stop_tokens)
+    if stop.size == 0:
+        return ()
+    stop = integer_array("stop_tokens", stop)
+    if stop.ndim > 1:
+        raise ValueError(f"stop_tokens must be one token id or a list of them, got shape {stop.shape}")
+    return tuple(int(t) for t in stop.reshape(-1))
+
+
+def copy_tree(tree):
+    """A copy of every array in `tree` (a state, a cache): new buffers, same shapes and layout."""
+    return jax.tree_util.tree_map(jnp.copy, tree)
