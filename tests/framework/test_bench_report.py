@@ -85,3 +85,14 @@ def test_check_mode_reports_a_stale_file(tmp_path):
     assert report.main(["--check", "--out", str(out)]) == 1
     assert report.main(["--out", str(out)]) == 0
     assert report.main(["--check", "--out", str(out)]) == 0
+
+
+def test_mla_rows_pair_each_shape_with_its_xla_row(tmp_path):
+    shape = dict(ctx=8192, q=16, s=8, lengths="uniform", floor_ms=0.1)
+    rows = [dict(shape, impl="xla", ms=0.5, device_ms=0.4), dict(shape, impl="auto", ms=0.2, device_ms=0.125),
+            dict(shape, q=64, impl="auto", ms=0.3), dict(shape, impl="auto", error="OOM")]
+    record.write_result(str(tmp_path), _record(benchmark="mla_bench", rows=rows))
+    text = report.render(str(tmp_path))
+    assert "| 8192 | 16 | 8 | auto | 100.0 | 125.0 | 80.0 | 3.20 |" in text
+    assert "| 8192 | 64 | 8 | auto | 100.0 | 300.0 | 33.3 | - |" in text
+    assert "not met: at 1 of 2 shapes with ctx >= 8k" in text
