@@ -1,14 +1,5 @@
 """Benchmark MLA tree-verify attention against its roofline (Kimi-K2 dims by default).
 
-For each (ctx, Q, S): time of every implementation, FLOPs = 2*S*Q*H*(ctx+Q)*(Dk+v_dim), bytes =
-latent cache read once + queries + outputs, the floor max(bytes / copy_bw, FLOPs / matmul_rate)
-from ceilings measured in the same run, and % of floor. Pallas outputs are checked against the
-xla implementation on every shape (when xla is timed), every implementation against the float64
-numpy golden on a small ragged case, and on every shape each pallas config against the golden on a
-slice (streams 0 and S-1, heads 0 and H-1, the first 8 tree nodes) before it is timed; a config
-that fails a check is reported and not timed. With several configs, a side-by-side table shows each
-config's time per shape, the fastest, and its speedup over the first config (the baseline).
-
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
   python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16,64,256 --streams=1,8,16 --impls=auto,xla \
       --trace    # the goal's table (BENCHMARKS.md)
@@ -27,6 +18,16 @@ config's time per shape, the fastest, and its speedup over the first config (the
       --lengths=uniform,spread --mosaic_balance   # ragged contexts (same total) against uniform ones
   python3 experiments/mla_bench.py --ctx=8192,32768 --q=1,16,64,256 --streams=16,8,1 \
       --impls=mosaic_gpu,xla --trace --load_s=3   # both power regimes (the H200 caps at 700 W)
+
+For each (ctx, Q, S): time of every implementation, FLOPs = 2*S*Q*H*(ctx+Q)*(Dk+v_dim), bytes =
+latent cache read once + queries + outputs, the floor max(bytes / copy_bw, FLOPs / matmul_rate)
+from ceilings measured in the same run, and % of floor. Pallas outputs are checked against the
+xla implementation on every shape (when xla is timed), every implementation against the float64
+numpy golden on a small ragged case, and on every shape each pallas config against the golden on a
+slice (streams 0 and S-1, heads 0 and H-1, the first 8 tree nodes) before it is timed; a config
+that fails a check is reported and not timed. With several configs, a side-by-side table shows each
+config's time per shape, the fastest, and its speedup over the first config (the baseline). The
+kernel alone, with ptxas's registers, the in-kernel profiler and timeline: mla_kernel_bench.py.
 
 With --load_s each row also gets its device time per call in a burst (the first 100 ms of a load),
 in the burst's first 25 ms (before a heavy call's throttle step: 32k Q 16 S 16 ran its first 14

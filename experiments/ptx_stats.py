@@ -1,5 +1,11 @@
 """Registers, spills, shared memory and main-loop instructions of the Pallas:Triton kernels, without a GPU.
 
+  python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install triton==3.6.0
+  PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
+      --kernel=mla --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --q=16,64,256 --streams=8 --ctx=8192
+  PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
+      --kernel=moe --moe_tokens=16,256 --moe_variants='bn_up=128'
+
 Lowers a kernel for the CUDA platform with interpret mode off (Pallas emits Triton IR; no GPU
 needed), captures each Triton module's TTIR, and compiles it for sm_90a with a pip Triton living in
 a separate Python (--triton_python; the project's venv has none): first Triton's TTIR stage
@@ -9,13 +15,8 @@ Triton's shared memory (bytes), which MMA the PTX uses (wgmma = Hopper warpgroup
 older mma.sync), the layouts its inline PTX runs in (`asm_layouts`, flagged where a thread's
 register pair is not two K rows), and the SASS instructions of the longest loop (per thread per
 iteration) with its most frequent opcodes. The pip Triton's pipeline is close to, not the same as,
-the one jaxlib bundles on the GPU.
-
-  python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install triton==3.6.0
-  PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
-      --kernel=mla --configs=32x64x4x2,tp128x128x8x3-128x256x64x8x3 --q=16,64,256 --streams=8 --ctx=8192
-  PYTHONPATH=$PWD .venv/bin/python experiments/ptx_stats.py --triton_python=/tmp/tvenv/bin/python \\
-      --kernel=moe --moe_tokens=16,256 --moe_variants='bn_up=128'
+the one jaxlib bundles on the GPU. The compiles run in ddtree_jax/bench/ptx_worker.py, which
+--triton_python runs by path (the lowering and the table: ddtree_jax/bench/ptx.py).
 
 --kernel=moe: the INT4 MoE gate_up and down kernels at the Kimi-K2 layer shape (E=384, d=7168,
 I=2048, top-8), each T's tuned config, plus each --moe_variants option set on top of it (the
