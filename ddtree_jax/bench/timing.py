@@ -119,6 +119,13 @@ def clock_window(csv_text: str, t0: float, t1: float, gpus: Sequence[int] = (0,)
     return out
 
 
+def row_mhz(row: dict) -> str:
+    """'wall / trace' median SM MHz of a benchmark row's clock windows (GpuClocks.window under
+    "wall_clocks" and "trace_clocks"; '-' for one not sampled), '' where neither was."""
+    got = [row.get(k, {}).get("sm_mhz") for k in ("wall_clocks", "trace_clocks")]
+    return "" if got == [None, None] else " / ".join("-" if v is None else f"{v:.0f}" for v in got)
+
+
 LENGTHS = ("uniform", "spread")   # stream_contexts' kinds
 
 

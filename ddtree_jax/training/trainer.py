@@ -1,4 +1,4 @@
-"""Training utilities shared by experiments/train_target.py and experiments/train_drafter.py.
+"""Training utilities shared by the target's and the drafter's runs (recipes.py).
 
 - AdamW (optax transforms) with the learning rate applied outside, so the warmup + cosine schedule
   can be fixed after timing the first steps (`fit_steps`) and survives a restart.

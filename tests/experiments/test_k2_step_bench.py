@@ -1,4 +1,5 @@
-"""experiments/k2_step_bench.py: the smoke run on the CPU (tiny preset) and its bookkeeping."""
+"""experiments/k2_step_bench.py (ddtree_jax/bench/k2_step.py): the smoke run on the CPU (tiny preset) and
+its bookkeeping."""
 
 import json
 import os
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from experiments import k2_step_bench as kb
+from ddtree_jax.bench import k2_step as kb
 from tests import ROOT
 
 
@@ -64,7 +65,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="--layers must lie in"):
         kb.build_configs("tiny", 4, True)
     with pytest.raises(ValueError, match="--budgets must be"):
-        kb._ints("budgets", ["4", "x"])
+        kb.parse_ints("budgets", ["4", "x"])
     with pytest.raises(ValueError, match="exceeds the"):
         kb.run(kb.Options(preset="tiny", devices=(64,)))
     with pytest.raises(ValueError, match="--reps and --inner"):

@@ -1,4 +1,5 @@
-"""The speculative sweep: crash-safe results log, grid, resume after a kill, the default config."""
+"""The speculative sweep (experiments/speculative_sweep.py, ddtree_jax/bench/sweep.py): crash-safe results
+log, grid, resume after a kill, the default config."""
 
 import dataclasses
 import glob
@@ -14,7 +15,7 @@ import jax
 import pytest
 
 from ddtree_jax import engine
-from ddtree_jax.bench import parity, sweep_io
+from ddtree_jax.bench import parity, sweep, sweep_io
 from tests import ROOT
 
 
@@ -122,7 +123,6 @@ def test_sweep_resumes_after_kill(tmp_path):
 
 def test_auto_point_uses_the_groups_step_times(tmp_path):
     """ddtree-auto takes t(b) from the finished fixed-budget points and picks a budget within them."""
-    from experiments import speculative_sweep as sweep
     cfg = _load_config("sweep_default")
     cfg.update(_overrides(str(tmp_path), "", methods=("ar", "ddtree", "ddtree-auto"), budgets=(2, 4)))
     target, drafter, prompts, pair = sweep.load_pair(cfg)
@@ -141,7 +141,6 @@ def test_auto_point_uses_the_groups_step_times(tmp_path):
 
 def test_ar_baseline_runs_at_its_own_steps_per_call(tmp_path):
     """ar_steps_per_call gives the baseline its own dispatch setting, and speedups divide by it."""
-    from experiments import speculative_sweep as sweep
     cfg = _load_config("sweep_default")
     cfg.update(_overrides(str(tmp_path), "", methods=("ar", "ddtree"), budgets=(2,)))
     cfg.steps_per_call, cfg.ar_steps_per_call = 2, 3
@@ -171,7 +170,6 @@ def test_sweep_configs_hold_their_command(name):
 def test_served_point_runs_every_request_through_the_slots(tmp_path):
     """requests > 0: the point serves that many requests (prompts cycled) through `streams` slots,
     with the same tau and tokens as the static batches would give at temperature 0."""
-    from experiments import speculative_sweep as sweep
     cfg = _load_config("sweep_default")
     cfg.update(_overrides(str(tmp_path), "", methods=("ddtree",), streams=(2,), requests=5,
                           max_new_tokens=4))
@@ -194,7 +192,6 @@ def test_served_point_runs_every_request_through_the_slots(tmp_path):
 def test_xla_flags_need_a_backend_not_yet_started(monkeypatch):
     """XLA reads XLA_FLAGS once, when the backend starts: config.xla_flags is appended before
     that, and refused (not silently ignored) after."""
-    from experiments import speculative_sweep as sweep
     jax.devices()                                     # the backend has started
     with pytest.raises(ValueError, match="config.xla_flags"):
         sweep.add_xla_flags("--xla_dump_to=/tmp/x")
@@ -207,7 +204,6 @@ def test_xla_flags_need_a_backend_not_yet_started(monkeypatch):
 def test_points_are_keyed_by_backend_and_device_kind(tmp_path):
     """A results file from another machine is not resumed from: the JAX backend and the device
     kind are part of every point's key (and record)."""
-    from experiments import speculative_sweep as sweep
     cfg = _load_config("sweep_default")
     cfg.update(_overrides(str(tmp_path), ""))
     points = sweep.grid(cfg, "p")
@@ -222,7 +218,6 @@ def test_points_are_keyed_by_backend_and_device_kind(tmp_path):
 def test_served_points_refuse_static_timing_settings(tmp_path):
     """serving.serve decodes once with its own loop: timing_reps / decode_loop other than 1 /
     "auto" with requests > 0 are an error, not recorded and ignored."""
-    from experiments import speculative_sweep as sweep
     cfg = _load_config("sweep_default")
     cfg.update(_overrides(str(tmp_path), "", requests=4))
     for field, value in (("timing_reps", 3), ("decode_loop", "device")):
@@ -237,7 +232,6 @@ def test_a_point_that_is_not_lossless_is_refused(tmp_path, monkeypatch):
     """At temperature 0 a speculative point's tokens must be ar's, taken from ar's record (as in a
     resumed run), before its numbers are recorded: one changed token is an error naming the point,
     the stream and the position."""
-    from experiments import speculative_sweep as sweep
     cfg = _load_config("sweep_default")
     cfg.update(_overrides(str(tmp_path), "", streams=(2,)))
     target, drafter, prompts, pair = sweep.load_pair(cfg)

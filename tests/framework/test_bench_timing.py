@@ -29,17 +29,6 @@ def test_kernel_timeline_finds_gaps_between_merged_kernels():
                      gap_ms=pytest.approx(0.065), largest_gap_ms=pytest.approx(0.050))
 
 
-def test_decode_timeline_points_are_checked():
-    from experiments import decode_timeline
-    assert decode_timeline.parse_point("ddtree:64:16:4") == ("ddtree", 64, 16, 4)
-    for bad in ("ddtree:64:16", "beam:4:1:1", "ddtree:0:1:1", "ar:0:1:0", "ar:x:1:1"):
-        with pytest.raises(ValueError, match="--points"):
-            decode_timeline.parse_point(bad)
-    prompts = [[1], [2], [3]]
-    assert decode_timeline.prompt_batches(prompts, 1, 3) == [[[1]], [[2]], [[3]]]
-    assert decode_timeline.prompt_batches(prompts, 2, 2) == [[[1], [2]], [[3], [1]]]
-
-
 def test_device_kernels_reads_only_device_streams(tmp_path):
     events = [
         dict(ph="M", name="process_name", pid=1, args=dict(name="/host:CPU")),
@@ -61,12 +50,9 @@ def test_device_kernels_reads_only_device_streams(tmp_path):
     assert kernels == [dict(name="fusion_1", ts=5.0, dur=2.5, args={})]
 
 
-def test_host_loop_probe_points_and_graph_launches():
-    from experiments import host_loop_probe as probe
-    assert probe.parse_point("ddtree:64:24:4/8") == ("ddtree", 64, 24, [4, 8])
-    for bad in ("ddtree:64:24", "beam:4:8:1", "ar:0:0:1", "ar:0:8:0", "ar:0:8:", "ar:0:8:2/x"):
-        with pytest.raises(ValueError, match="--points"):
-            probe.parse_point(bad)
+def test_graph_launches_split_a_trace_per_launch():
+    """decode_timeline --graph_launches: kernels grouped by their launch (a CUDA graph's share
+    one); medians over the launches of more than 20 kernels."""
     # Three launches of 21+ kernels (1 us each, 0.5 us apart), 10 us apart, and one small launch.
     kernels = [dict(ts=100.0 * g + 1.5 * i, dur=1.0, launch=g) for g in range(3) for i in range(22)]
     kernels.append(dict(ts=400.0, dur=2.0, launch=9))

@@ -1,4 +1,5 @@
-"""The K2.6 roofline: a hand-computed step, component formulas, the projection script's pieces."""
+"""The K2.6 roofline: a hand-computed step, component formulas, the projection's measurement
+(ddtree_jax/bench/projection.py)."""
 
 import dataclasses
 import itertools
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 import ddtree_jax as dj
+from ddtree_jax.bench import projection
 from ddtree_jax.bench import roofline as rf
 
 TOY = rf.GPU("toy", hbm_tbs=1.0, copy_tbs=1.0, bf16_tflops=100.0, link_gbs=100.0, link="toy",
@@ -97,26 +99,35 @@ def test_tau_curve_parse_and_interpolation():
 
 
 def test_measure_runs_on_the_tiny_preset():
-    from experiments import k2_projection
-    rows = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
-                                 reps=1)
+    rows = projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
+                              reps=1)
     (row,) = rows
     assert row["tokens"] == 3 and row["forward_ms"] > 0 and row["moe_ms"] > 0
     assert {"attention_ms", "rest_ms", "head_ms"} <= set(row) and "moe_pct_floor" not in row
     assert row["parts_clock"] == "wall"         # device time from a trace on a GPU only
     ceilings = dict(copy_tbps=1.0, matmul_tflops_xla=1.0, matmul_tflops_torch=2.0)
-    (row,) = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
-                                   reps=1, ceilings=ceilings)
+    (row,) = projection.measure(dj.ModelConfig.preset("tiny"), [2], [1], ctx=8, dtype=jnp.float32,
+                                reps=1, ceilings=ceilings)
     assert row["moe_pct_floor"] > 0 and row["attn_pct_floor"] > 0
-    rows = k2_projection.measure(dj.ModelConfig.preset("tiny"), [2], [3], ctx=8, dtype=jnp.float32, reps=1,
-                                 lengths=("spread",), balances=(True, False))
+    rows = projection.measure(dj.ModelConfig.preset("tiny"), [2], [3], ctx=8, dtype=jnp.float32, reps=1,
+                              lengths=("spread",), balances=(True, False))
     assert [(r["lengths"], r["attn_balance"]) for r in rows] == [("spread", True), ("spread", False)]
     assert rows[0]["moe_ms"] == rows[1]["moe_ms"]       # timed once per token count
 
 
 def test_measure_checks_the_kernels_before_timing():
-    from experiments import k2_projection
     ones = lambda x: x                                  # noqa: E731
-    k2_projection._checked("same", ones, ones, jnp.ones(4))
+    projection.check_against_xla("same", ones, ones, jnp.ones(4))
     with pytest.raises(AssertionError, match="off: relative error 5.00e-01"):
-        k2_projection._checked("off", ones, lambda x: 2 * x, jnp.ones(4))
+        projection.check_against_xla("off", ones, lambda x: 2 * x, jnp.ones(4))
+
+
+def test_best_budget_per_hardware_and_the_tau_curve():
+    dep = rf.Deployment.kimi_k2_6(ctx=4096)
+    rows, best = projection.best_budgets(dep, rf.DEFAULT_TAU, ["H200"], list(rf.CALIBRATIONS)[:1], [1, 10])
+    assert [b["streams"] for b in best] == [1, 10] and len(rows) > len(best)
+    for b in best:
+        assert b["speedup_over_ar"] == pytest.approx(b["tokens_per_second"] / b["ar_tokens_per_second"])
+        assert b["step_ms"] > 0 and b["moe_ms"] > 0
+    assert projection.tau_curve() is rf.DEFAULT_TAU
+    assert projection.tau_curve("64:5,8:3").budgets == (8, 64)

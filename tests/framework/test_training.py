@@ -1,4 +1,5 @@
-"""Training: tokenizer round trip, the batched drafter forward, and both scripts (few steps, resume)."""
+"""Training: tokenizer round trip, the batched drafter forward, and both training runs (recipes: few
+steps, resume)."""
 
 import os
 import sys
@@ -13,13 +14,12 @@ import pytest
 pytest.importorskip("ml_collections", reason="ml_collections not installed (pip install -e .)")
 
 from ddtree_jax import tokenizer
-from ddtree_jax.training import data, trainer
+from ddtree_jax.training import data, recipes, trainer
 from ddtree_jax.checkpoint import load_target, save_target_hf
 from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.drafter import drafter_hidden, init_drafter
 from ddtree_jax.drafter_io import load_drafter
 from ddtree_jax.model import init_target
-from experiments import train_drafter, train_target
 from configs import train_drafter_small, train_target_small
 from tests import ROOT
 
@@ -128,7 +128,7 @@ def test_train_drafter_on_distilled_rows(tmp_path):
     np.savez(path, tokens=rows, meta='{"command": "python experiments/distill_data.py"}')
     d = _small(train_drafter_small.get_config(), tmp_path, target=target, steps=1, anchors_per_seq=2,
                num_hidden_layers=1, target_layer_ids=(), distill_data=path)
-    summary = train_drafter.train(d, str(tmp_path / "drafter"))
+    summary = recipes.train_drafter(d, str(tmp_path / "drafter"))
     assert summary["steps"] == 1 and summary["data"]["command"].endswith("distill_data.py")
 
 
@@ -139,18 +139,18 @@ def test_train_drafter_fine_tunes_an_exported_drafter(tmp_path):
     kw = dict(target=target, steps=1, anchors_per_seq=2, num_hidden_layers=1, target_layer_ids=(),
               distill_data="")
     first = str(tmp_path / "first")
-    train_drafter.train(_small(train_drafter_small.get_config(), tmp_path, **kw), str(tmp_path / "w1"),
+    recipes.train_drafter(_small(train_drafter_small.get_config(), tmp_path, **kw), str(tmp_path / "w1"),
                         first)
     # lr 0: the fine-tuned export must be the starting drafter, bit for bit
     c = _small(train_drafter_small.get_config(), tmp_path, init_from=first, lr=0.0, weight_decay=0.0, **kw)
-    summary = train_drafter.train(c, str(tmp_path / "w2"), str(tmp_path / "second"))
+    summary = recipes.train_drafter(c, str(tmp_path / "w2"), str(tmp_path / "second"))
     assert summary["init"]["sha256"] == data.file_sha256(os.path.join(first, "model.safetensors"))
     (_, a), (_, b) = (load_drafter(str(tmp_path / n), dtype=jnp.float32) for n in ("first", "second"))
     jax.tree.map(np.testing.assert_array_equal, a, b)
     c = _small(train_drafter_small.get_config(), tmp_path, init_from=first,
                **(kw | {"num_hidden_layers": 2}))
     with pytest.raises(ValueError, match=r"init_from .*num_hidden_layers \(1 there, 2 here\)"):
-        train_drafter.train(c, str(tmp_path / "w3"))
+        recipes.train_drafter(c, str(tmp_path / "w3"))
 
 
 def _small(cfg, tmp_path, **kw):
@@ -166,13 +166,13 @@ def test_train_target_resumes_and_exports(tmp_path, capsys, compile_cache, monke
     work, export = str(tmp_path / "target"), str(tmp_path / "export")
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "matplotlib", None)      # no [plots] extra: the export still happens
-        first = train_target.train(c, work, export)
+        first = recipes.train_target(c, work, export)
     assert first["steps"] == 1 and np.isfinite(first["final_loss"])
     assert "loss.png not written" in capsys.readouterr().out
     assert not os.path.exists(os.path.join(work, "loss.png"))
     assert os.path.isfile(os.path.join(work, "summary.json")) and load_target(export)[0].vocab_size == 2048
     c.steps = 2
-    second = train_target.train(c, work, export)
+    second = recipes.train_target(c, work, export)
     assert "resumed from" in capsys.readouterr().out and second["steps"] == 2
     assert os.path.isfile(os.path.join(work, "loss.png"))
     cfg, params = load_target(export, dtype=jnp.float32)
@@ -185,7 +185,7 @@ def test_train_drafter_on_a_framework_target(tmp_path):
     save_target_hf(target, tcfg, init_target(tcfg, jax.random.key(0)))
     d = _small(train_drafter_small.get_config(), tmp_path, target=target, steps=2, anchors_per_seq=3,
                num_hidden_layers=1, target_layer_ids=(), labels="target", distill_data="")
-    summary = train_drafter.train(d, str(tmp_path / "drafter"), str(tmp_path / "export"))
+    summary = recipes.train_drafter(d, str(tmp_path / "drafter"), str(tmp_path / "export"))
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
     assert len(summary["slot_accuracy"]) == d.block_size - 1
     assert os.path.isfile(str(tmp_path / "drafter" / "loss.png"))

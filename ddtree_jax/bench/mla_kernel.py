@@ -1,34 +1,7 @@
-"""The Mosaic GPU MLA kernel alone (`mosaic_gpu.context_attention`), with ptxas's register report.
-
-For each (ctx, Q, S), every stream at ctx with a bushy tree of Q nodes, the operands as
-`mosaic_gpu.prepare` makes them (ctx // 128 whole key pairs, then the tail pairs under the
-tree mask): checks the kernel against its XLA twin on stream 0 (relative error of O, absolute
-error of lse), then times it. FLOPs = 2 S R 128 (pairs + tail pairs) (Dk + v_dim), the keys the
-kernel walks; bytes = those keys read once + queries + outputs + tail bits; floor = max(bytes /
-copy bandwidth, FLOPs / matmul rate) from ceilings measured in the same run.
-With --ptxas (the default) Mosaic GPU runs ptxas -v on each kernel as it compiles
-(MOSAIC_GPU_DUMP_PTXAS); the probe captures that report and records the registers and spill bytes
-per shape: spills in this kernel's loop cost up to 1.5x (docs/kernels/mla_attention.md).
---dump also prints the PTX and SASS (MOSAIC_GPU_DUMP_PTX, _SASS; SASS needs nvdisasm in the CUDA
-root). Shares mla_bench's --heads, --dk, --v_dim. Off the GPU, --lower_only lowers the
-kernel for CUDA and stops (the CPU test of this script).
-
-  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-  python3 experiments/mla_mosaic_probe.py --out=$OUT/probe.json
-  python3 experiments/mla_mosaic_probe.py --shapes=8192:16:16 --dump > $OUT/dump.txt
-  python3 experiments/mla_mosaic_probe.py --shapes=32768:1:16,8192:16:1 --splits=1,4,8    # decode, 1 stream
-  python3 experiments/mla_mosaic_probe.py --shapes=8192:1:1,8192:1:16 --splits=8,64 --profile   # phases
-  python3 experiments/mla_mosaic_probe.py --shapes=8192:1:16 --splits=8 --timeline       # CTA timeline
-  python3 experiments/mla_mosaic_probe.py --shapes=8192:1:16 --splits=8 --timeline --balance   # the schedule's cost
-  python3 experiments/mla_mosaic_probe.py --shapes=32768:16:16,8192:256:1 --clusters=auto,4   # cluster size A/B
-With --profile each kernel also runs under Mosaic GPU's in-kernel profiler (context_attention's
-profile_dir): per warpgroup role and phase (consumers: wait_q, context, tail, epilogue; producer:
-loads) the median and max duration over CTAs, and when the CTAs start and end. The profiler
-slows this kernel (8k decode S 16: 49 -> 88 us), so its phases are shares, not times. With
---timeline each kernel also runs with context_attention(timeline=True), which only stores
-%globaltimer at a few points per CTA (TIMELINE: start, Q ready, loops done, the epilogue's steps,
-the producer's last load): per point and phase the spread over CTAs at the kernel's own speed.
-"""
+"""The Mosaic GPU MLA kernel alone (experiments/mla_kernel_bench.py): its operands as
+`mosaic_gpu.prepare` makes them, a check against its XLA twin, timing against the roofline floor,
+and readers of what the compiler and the kernel report: ptxas -v (registers, spills), the
+in-kernel profiler's trace (phases per warpgroup) and the kernel's %globaltimer timeline."""
 
 from __future__ import annotations
 
@@ -41,34 +14,14 @@ import re
 import sys
 import tempfile
 
-from absl import app, flags
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from ddtree_jax import model
 from ddtree_jax.bench import timing
-
-# the repository root, so that `python experiments/mla_mosaic_probe.py` finds its sibling module
-# without PYTHONPATH, as the other scripts run
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments.mla_bench import make_inputs, time_jax  # noqa: E402  (also defines --heads, --dk, --v_dim)
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "", "write every row as JSON here")
-flags.DEFINE_list("shapes", ["8192:16:16", "8192:64:16", "8192:256:16", "32768:64:8"], "ctx:Q:S triples")
-flags.DEFINE_list("splits", ["1"], "runs each stream's context is split into (context_attention(splits=)); "
-                  "above 1 the time includes combine_splits")
-flags.DEFINE_bool("balance", False, "context_attention(balance=True): the split runs shared out by the streams' "
-                  "pairs (runs.run_schedule, computed in the kernel; equal contexts here, so the same runs as without), "
-                  "or with --splits=1 the streams launched longest first (runs.stream_order; all equal here)")
-flags.DEFINE_list("clusters", ["auto"], "CTAs per thread-block cluster (context_attention(cluster=)): auto "
-                  "(mosaic_gpu.cluster_size: 2 where the row blocks pair up) or a count dividing the row blocks")
-flags.DEFINE_list("epilogues", ["tma"], "how the consumers write O (context_attention(epilogue=)): tma, registers")
-flags.DEFINE_bool("ptxas", True, "capture ptxas -v for each kernel: registers and spill bytes per shape")
-flags.DEFINE_bool("dump", False, "also print each kernel's PTX and SASS to stdout")
-flags.DEFINE_bool("lower_only", False, "lower the kernel for CUDA and stop (runs on a CPU)")
-flags.DEFINE_bool("timeline", False, "also run each kernel with context_attention(timeline=True) and report "
-                  "when its CTAs pass each TIMELINE point (timeline_summary): a light probe, unlike --profile")
-flags.DEFINE_bool("profile", False, "also run each kernel once under Mosaic GPU's in-kernel profiler and "
-                  "report its phases per warpgroup (profile_phases); with --lower_only, lower that form too")
+from ddtree_jax.bench.mla import make_inputs, time_jax
+from pallas_kernels.mla_attention import mosaic_gpu
 
 _TOL = 1e-2         # bf16 O against the float32 twin
 
@@ -76,7 +29,6 @@ _TOL = 1e-2         # bf16 O against the float32 twin
 def profiled(run, operands) -> dict:
     """run(*operands, profile_dir=d) twice (the trace of the first, cold call is dropped) ->
     profile_phases of the second call's trace."""
-    import jax
     with tempfile.TemporaryDirectory() as d:
         fn = jax.jit(functools.partial(run, profile_dir=d))
         for _ in range(2):
@@ -98,13 +50,12 @@ def timeline_summary(times, device_us: float | None = None) -> dict:
     its CTAs end (`end_by_run`: the runs that hold the tail end last), the SMs used, the raw
     times (us, [CTA, point]) and each CTA's SM (`smid`), and, with the kernel's device time, the
     us outside every CTA (the launch before the first start and the drain after the last end)."""
-    from pallas_kernels.mla_attention.mosaic_gpu import TIMELINE
     raw = np.asarray(times).astype(np.int64)
     runs = raw.shape[2]
-    t = raw.reshape(-1, len(TIMELINE))
+    t = raw.reshape(-1, len(mosaic_gpu.TIMELINE))
     smid, t = t[:, -1], t[:, :-1]
     t = ((t - t[:, :1].min()) % 2 ** 32) / 1e3       # us after the first start (the low word wraps every 4.3 s)
-    col = {name: t[:, i] for i, name in enumerate(TIMELINE[:-1])}
+    col = {name: t[:, i] for i, name in enumerate(mosaic_gpu.TIMELINE[:-1])}
     stat = lambda xs: dict(min=float(xs.min()), median=float(np.median(xs)), max=float(xs.max()))  # noqa: E731
     phases = dict(wait_q=col["q_ready"] - col["start"], loops=col["loops_done"] - col["q_ready"],
                   sums=col["sums_done"] - col["loops_done"], stores=col["stores_issued"] - col["sums_done"],
@@ -178,25 +129,23 @@ def profile_phases(trace: dict) -> dict:
                 phases={n: stat([t for (_, m), t in spent.items() if m == n]) for n in names})
 
 
-def main(_):
-    if FLAGS.ptxas or FLAGS.dump:     # read by the compiler at compile time: set before anything compiles
-        os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
-    if FLAGS.dump:
-        os.environ.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_SASS="1")
-    import jax
-    import jax.numpy as jnp
 
-    from ddtree_jax import model
-    from pallas_kernels.mla_attention import mosaic_gpu
 
-    heads, dk, v_dim = FLAGS.heads, FLAGS.dk, FLAGS.v_dim
+def run_kernel_bench(shapes, splits, clusters, epilogues, *, heads: int, dk: int, v_dim: int,
+                     balance: bool = False, ceilings: dict | None = None, capture_ptxas: bool = True,
+                     lower_only: bool = False, timeline: bool = False, profile: bool = False) -> list[dict]:
+    """Per (shape "ctx:Q:S", splits, cluster "auto" or a count, epilogue): every stream at ctx with a
+    bushy tree of Q nodes, the kernel (`mosaic_gpu.context_attention`, its runs merged above one
+    run) checked on stream 0 against its XLA twin, then timed against the floor from `ceilings`
+    (timing.measure_ceilings), with its device time per call from a profiler trace; one row each,
+    printed as JSON once done. capture_ptxas: read the ptxas -v report that the compile prints
+    (MOSAIC_GPU_DUMP_PTXAS, set before anything compiles) into the row (registers, spill bytes).
+    profile: also the in-kernel profiler's phases (`profiled`); timeline: also the kernel's
+    timeline (`timeline_summary`). lower_only: lower each kernel (and its profile and timeline
+    forms, where asked) for CUDA and print a line for it, timing nothing (runs on a CPU)."""
     scale = dk ** -0.5
-    ceilings = None if FLAGS.lower_only else timing.measure_ceilings()
-    if ceilings:
-        print(f"ceilings {json.dumps(ceilings)}  device {jax.devices()[0].device_kind}  jax {jax.__version__}")
     rows = []
-    for shape, splits, cluster_flag, epilogue in itertools.product(FLAGS.shapes, map(int, FLAGS.splits),
-                                                                   FLAGS.clusters, FLAGS.epilogues):
+    for shape, n_splits, cluster_flag, epilogue in itertools.product(shapes, splits, clusters, epilogues):
         ctx, num_q, num_s = map(int, shape.split(":"))
         # The kernel's operands as mla_attention_mosaic prepares them: bushy trees, the cache
         # allocated as engine.setup allocates it (model.aligned_slots(ctx + Q)).
@@ -208,27 +157,27 @@ def main(_):
         r, r_pad = num_q * heads, q.shape[1]
         cluster = mosaic_gpu.cluster_size(r_pad) if cluster_flag == "auto" else int(cluster_flag)
 
-        def run(*args, cluster=cluster, splits=splits, epilogue=epilogue, profile_dir="", timeline=False):
+        def run(*args, cluster=cluster, splits=n_splits, epilogue=epilogue, profile_dir="", timeline=False):
             o, lse, *times = mosaic_gpu.context_attention(*args, num_q=num_q, scale=scale, v_dim=v_dim,
-                                                          cluster=cluster, splits=splits, balance=FLAGS.balance,
+                                                          cluster=cluster, splits=splits, balance=balance,
                                                           profile_dir=profile_dir, epilogue=epilogue, timeline=timeline)
             # above one run, the parts merged as mla_attention_mosaic merges them
             merged = (o, lse) if splits == 1 else (
-                mosaic_gpu.combine_splits(o, lse, args[2], num_q=num_q, balance=FLAGS.balance), lse)
+                mosaic_gpu.combine_splits(o, lse, args[2], num_q=num_q, balance=balance), lse)
             return merged + tuple(times)
         fn = jax.jit(run)
-        if FLAGS.lower_only:
+        if lower_only:
             fn.trace(*operands).lower(lowering_platforms=("cuda",))
-            if FLAGS.profile:     # the kernel lowers first; the trace's host callback cannot lower off the GPU
+            if profile:     # the kernel lowers first; the trace's host callback cannot lower off the GPU
                 try:
                     jax.jit(functools.partial(run, profile_dir=tempfile.gettempdir())).trace(*operands).lower(
                         lowering_platforms=("cuda",))
                 except ValueError as e:
                     if "different from the lowering platform" not in str(e):
                         raise
-            if FLAGS.timeline:
+            if timeline:
                 jax.jit(functools.partial(run, timeline=True)).trace(*operands).lower(lowering_platforms=("cuda",))
-            print(f"ctx={ctx} Q={num_q} S={num_s} splits={splits} cluster={cluster} epilogue={epilogue}: lowered")
+            print(f"ctx={ctx} Q={num_q} S={num_s} splits={n_splits} cluster={cluster} epilogue={epilogue}: lowered")
             continue
         o_ref, lse_ref = mosaic_gpu.context_attention_xla(operands[0][:1].astype(jnp.float32),
                                                           operands[1][:1].astype(jnp.float32),
@@ -240,18 +189,18 @@ def main(_):
         nbytes = 2 * num_s * (keys * dk + r * (dk + v_dim)) + 4 * num_s * r * operands[3].shape[1]   # + tail bits
         floor = max(nbytes / (ceilings["copy_tbps"] * 1e12),
                     flops / (max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]) * 1e12))
-        row = dict(ctx=ctx, q=num_q, s=num_s, splits=splits, balance=FLAGS.balance, epilogue=epilogue, cluster=cluster,
+        row = dict(ctx=ctx, q=num_q, s=num_s, splits=n_splits, balance=balance, epilogue=epilogue, cluster=cluster,
                    flops=flops, bytes=nbytes,
                    floor_ms=floor * 1e3)
         try:
             report = []
-            with _captured_stdout(report) if not FLAGS.dump else contextlib.nullcontext():
+            with _captured_stdout(report) if capture_ptxas else contextlib.nullcontext():
                 o, lse = jax.block_until_ready(fn(*operands))     # compiles: ptxas reports here
             if report:
                 row.update(ptxas_summary(report[0]))
             o0 = np.asarray(o[0, :r], np.float64)
             row["rel_err"] = float(np.linalg.norm(o0 - o_ref[0, :r]) / np.linalg.norm(o_ref[0, :r]))
-            if splits == 1:
+            if n_splits == 1:
                 row["lse_err"] = float(np.max(np.abs(np.asarray(lse[0, :r], np.float64) - lse_ref[0, :r])))
             if not row["rel_err"] <= _TOL:
                 raise AssertionError(f"wrong output: rel err {row['rel_err']:.1e}")
@@ -261,9 +210,9 @@ def main(_):
                 # device-busy time per call (the kernel, and the merge above one run): no host dispatch
                 row.update(device_us=traced["busy_us"], device_pct_floor=100 * floor * 1e6 / traced["busy_us"],
                            kernels=traced["kernels"], top_kernels=traced["top"][:3])
-            if FLAGS.profile:
+            if profile:
                 row["profile"] = profiled(run, operands)
-            if FLAGS.timeline:
+            if timeline:
                 timed = jax.jit(functools.partial(run, timeline=True))
                 jax.block_until_ready(timed(*operands))           # compile and warm up
                 traced_t = timing.traced_device_time(timed, *operands, calls=20)
@@ -275,39 +224,36 @@ def main(_):
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if FLAGS.lower_only:
-        print("ok")
-        return
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump({"ceilings": ceilings, "rows": rows, "device": jax.devices()[0].device_kind,
-                       "jax": jax.__version__}, f, indent=1)
-    print("| ctx | Q | S | splits | epilogue | cluster | registers | spill bytes (st/ld) | floor ms | ms | TFLOP/s | % floor "
-          "| device us | % floor (device) |")
-    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    return rows
+
+
+def report_lines(rows: list[dict]) -> list[str]:
+    """run_kernel_bench's rows -> a markdown table (registers, spills, times against the floor),
+    then a line per row with a timeline and one per row with a profile."""
+    lines = ["| ctx | Q | S | splits | epilogue | cluster | registers | spill bytes (st/ld) | floor ms | ms "
+             "| TFLOP/s | % floor | device us | % floor (device) |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}" if "spill_store_bytes" in r else "-"
         timed = (f"{r['ms']:.3f} | {r['tflops']:.0f} | {r['pct_floor']:.1f}" if "ms" in r
                  else "error | - | -")
         device = f"{r['device_us']:.1f} | {r['device_pct_floor']:.1f}" if "device_us" in r else "- | -"
         splits = f"{r['splits']} balanced" if r.get("balance") and r["splits"] > 1 else r["splits"]
-        print(f"| {r['ctx']} | {r['q']} | {r['s']} | {splits} | {r['epilogue']} | {r['cluster']} | "
-              f"{r.get('registers', '-')} | {spill} | {r['floor_ms']:.3f} | {timed} | {device} |")
+        lines.append(f"| {r['ctx']} | {r['q']} | {r['s']} | {splits} | {r['epilogue']} | {r['cluster']} | "
+                     f"{r.get('registers', '-')} | {spill} | {r['floor_ms']:.3f} | {timed} | {device} |")
     for r in rows:
         if t := r.get("timeline"):
             pts = ", ".join(f"{k} {v['median']:.1f}/{v['max']:.1f}" for k, v in t["points"].items())
             ph = ", ".join(f"{k} {v['median']:.2f}/{v['max']:.2f}" for k, v in t["phases"].items())
-            print(f"timeline ctx={r['ctx']} Q={r['q']} S={r['s']} splits={r['splits']}: {t['ctas']} CTAs on "
-                  f"{t['sms']} SMs; kernel {t.get('device_us')} us (busy {t.get('busy_us')}), outside CTAs "
-                  f"{t.get('outside_ctas_us')}; points us median/max: {pts}; phases us median/max: {ph}; "
-                  f"median end by run: {t['end_by_run']}")
+            lines.append(f"timeline ctx={r['ctx']} Q={r['q']} S={r['s']} splits={r['splits']}: {t['ctas']} CTAs "
+                         f"on {t['sms']} SMs; kernel {t.get('device_us')} us (busy {t.get('busy_us')}), outside "
+                         f"CTAs {t.get('outside_ctas_us')}; points us median/max: {pts}; phases us median/max: "
+                         f"{ph}; median end by run: {t['end_by_run']}")
     for r in rows:
         if p := r.get("profile"):
             phases = ", ".join(f"{n} {v['median']:.1f}/{v['max']:.1f}" for n, v in p["phases"].items())
-            print(f"ctx={r['ctx']} Q={r['q']} S={r['s']} splits={r['splits']}: {p['ctas']} CTAs over "
-                  f"{p['span_us']:.1f} us; CTA start {p['start_us']['median']:.1f}/{p['start_us']['max']:.1f}, "
-                  f"end {p['end_us']['median']:.1f}/{p['end_us']['max']:.1f}; us median/max: {phases}")
-
-
-if __name__ == "__main__":
-    app.run(main)
+            lines.append(f"ctx={r['ctx']} Q={r['q']} S={r['s']} splits={r['splits']}: {p['ctas']} CTAs over "
+                         f"{p['span_us']:.1f} us; CTA start {p['start_us']['median']:.1f}/"
+                         f"{p['start_us']['max']:.1f}, end {p['end_us']['median']:.1f}/{p['end_us']['max']:.1f}; "
+                         f"us median/max: {phases}")
+    return lines

@@ -1,8 +1,9 @@
-"""experiments/ptx_stats.py's TTGIR reading (the compiles themselves need a separate pip Triton)."""
+"""ddtree_jax/bench/ptx_worker.py's TTGIR reading (experiments/ptx_stats.py; the compiles themselves need a
+separate pip Triton)."""
 
 from __future__ import annotations
 
-from experiments.ptx_stats import asm_layouts
+from ddtree_jax.bench.ptx_worker import asm_layouts
 
 _ASM = ('%p = tt.elementwise_inline_asm "{\\0Aand.b32 $0, $1, 0x000F000F;\\0Afma.rn.bf16x2 $0, $0, $3, $4;\\0A}" '
         '{constraints = "=r,r,r,r,r", packed_element = 2 : i32, pure = true} %q, %sb, %cb : {ins} -> {out} loc(#loc1)')
@@ -32,3 +33,16 @@ def test_asm_layouts_reads_the_inline_ptx_register_pairs():
             "order = [0, 1]}>\n" + _op("tensor<32x64xbf16, #blocked1>"))
     assert asm_layouts(tall) == ["blocked: pairs along dim 0"]
     assert asm_layouts(_HEAD + "%0 = tt.dot %a, %b, %c : tensor<16x16xbf16, #blocked>") == []
+
+
+def test_the_worker_imports_only_the_standard_library():
+    """The pip-Triton Python that runs ptx_worker.py by path has neither JAX nor this package: the
+    module's own imports are the standard library's (Triton's are inside the functions)."""
+    import ast
+    import sys
+
+    from ddtree_jax.bench import ptx_worker
+    tree = ast.parse(open(ptx_worker.__file__).read())
+    top = {a.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for a in node.names}
+    top |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
+    assert top and top - {"__future__"} <= set(sys.stdlib_module_names), top

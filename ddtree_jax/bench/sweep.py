@@ -1,0 +1,204 @@
+"""The speculative decoding sweep (experiments/speculative_sweep.py): the pair and prompts a config
+names, its grid of points, one point's decode and record (the greedy check against ar's tokens
+included) and the crash-safe run over every unfinished point."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import xla_bridge
+
+import ddtree_jax as dj
+from ddtree_jax import budget as budgets
+from ddtree_jax import engine, serving
+from ddtree_jax.bench import parity, sweep_io
+
+
+def load_pair(cfg):
+    """-> (target, drafter, prompts, pair id). Random tiny pair with random prompts, or the pair on
+    disk with the held-out prompts (token ids)."""
+    if cfg.random_tiny:
+        tcfg = dj.ModelConfig.preset("tiny").replace(vocab_size=cfg.random_vocab)
+        dcfg = dj.DrafterConfig.for_target(tcfg, block_size=cfg.block_size)
+        target = (tcfg, dj.init_target(tcfg, jax.random.key(cfg.seed)))
+        drafter = (dcfg, dj.init_drafter(dcfg, jax.random.key(cfg.seed + 1)))
+        rng = np.random.default_rng(cfg.seed)
+        n = max(cfg.streams) * cfg.batches
+        prompts = [rng.integers(0, cfg.random_vocab, cfg.prompt_len or 32).tolist() for _ in range(n)]
+        return target, drafter, prompts, f"random_tiny(v{cfg.random_vocab},b{cfg.block_size},s{cfg.seed})"
+    from ddtree_jax.training import data
+    target = dj.load_target(cfg.target_dir, dtype=jnp.dtype(cfg.dtype))
+    drafter = dj.load_drafter(cfg.drafter_dir, dtype=jnp.dtype(cfg.dtype))
+    prompts = [p[:cfg.prompt_len] if cfg.prompt_len else p for p in data.load_prompts(cfg.prompts)]
+    return target, drafter, prompts, f"{cfg.target_dir}|{cfg.drafter_dir}"
+
+
+def grid(cfg, pair_id: str) -> list[dict]:
+    """Point parameters in run order: per (temperature, streams) ar first (the speedup baseline).
+    The JAX backend and device kind are parameters too, so a results file from another machine
+    is not resumed from."""
+    loop = cfg.get("decode_loop", "auto")
+    if cfg.requests and (cfg.timing_reps != 1 or loop != "auto"):
+        raise ValueError(f"config.timing_reps={cfg.timing_reps} and config.decode_loop={loop!r} set "
+                         f"how static batches are timed; with config.requests={cfg.requests} "
+                         f"serving.serve decodes once, with its own loop: leave them at 1 and 'auto'")
+    points = []
+    device = dict(backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind)
+    for temp in cfg.temperatures:
+        for s in cfg.streams:
+            base = dict(device, pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
+                        max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
+                        top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
+                        timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
+                        requests=cfg.requests, decode_loop=loop,
+                        drafter_attn_impl=cfg.get("drafter_attn_impl", "auto"),
+                        attn_balance=bool(cfg.get("attn_balance", True)))
+            methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
+            if "ddtree" in cfg.methods:
+                methods += [("ddtree", int(b)) for b in cfg.budgets]
+            if "ddtree-auto" in cfg.methods:
+                methods.append(("ddtree-auto", None))
+            points.append(dict(base, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
+            points += [dict(base, method=m, budget=b) for m, b in methods]
+    return points
+
+
+def ar_steps_per_call(cfg) -> int:
+    """Engine steps per dispatch for the ar baseline: cfg.ar_steps_per_call, else steps_per_call."""
+    return int(cfg.get("ar_steps_per_call", 0) or cfg.steps_per_call)
+
+
+def _batches(prompts, streams: int, batches: int):
+    n = streams * batches
+    cycled = [prompts[i % len(prompts)] for i in range(n)]
+    return [cycled[i * streams:(i + 1) * streams] for i in range(batches)]
+
+
+def _served(prompts, requests: int):
+    return [prompts[i % len(prompts)] for i in range(requests)]
+
+
+def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> dict:
+    """Run every prompt batch (static batches), or serve p["requests"] requests through
+    p["streams"] slots (continuous batching, `prompts` cycled); tau over all (stream, step) pairs,
+    tokens/s = tokens / decode time; "tokens": the generated ids per batch (served: one batch of
+    every request), per stream."""
+    kw = dict(method=p["method"].replace("-auto", ""), budget=budget,
+              max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
+              top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"],
+              drafter_attn_impl=p["drafter_attn_impl"], attn_balance=p.get("attn_balance", True))
+    if p["requests"]:
+        r = serving.serve(target, drafter, _served(prompts, p["requests"]), streams=p["streams"], **kw)
+        stage = {}   # the breakdown comes from a static batch
+        if cfg.stage_reps:
+            stage = engine.generate(target, drafter, batches[0], stage_reps=cfg.stage_reps,
+                                    **kw).stage_times
+        lat = np.asarray(r.request_seconds)
+        per_request = np.asarray([len(t) - 1 for t in r.tokens]) / lat
+        return dict(tau=r.tau, tokens_per_second=r.tokens_per_second,
+                    generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
+                    compile_seconds=r.compile_seconds, steps=r.steps, device_steps=r.device_steps,
+                    stage_times=stage, request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
+                    request_tokens_per_second=float(per_request.mean()), tokens=[r.tokens])
+    acc, tokens, decode, compile_s, steps, device_steps, stage, ids = [], 0, 0.0, 0.0, 0, 0, None, []
+    for batch in batches:
+        r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
+                            timing_reps=p["timing_reps"], decode_loop=p["decode_loop"], **kw)
+        acc += [a for row in r.acceptance_lengths for a in row]
+        tokens += sum(len(t) - 1 for t in r.tokens)
+        ids.append(r.tokens)
+        decode += r.decode_seconds
+        compile_s += r.compile_seconds
+        steps += r.steps
+        device_steps += r.device_steps
+        stage = r.stage_times if stage is None else stage
+    return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
+                generated=tokens, decode_seconds=decode, compile_seconds=compile_s, steps=steps,
+                device_steps=device_steps, stage_times=stage, loop=r.decode_loop, tokens=ids)
+
+
+def _group(p: dict, **changes) -> str:
+    return sweep_io.point_key(dict(p, **changes))
+
+
+def check_greedy(target, prompts, batches, p: dict, rec: dict, ar: dict | None) -> int:
+    """A temperature-0 speculative point's tokens against its group's ar point's, batch by batch
+    (parity.check_greedy); -> streams that left ar's tokens at a near-tie."""
+    what = f"{p['method']}{'@' + str(rec['budget']) if rec['budget'] else ''} at {p['streams']} streams"
+    if not ar or "tokens" not in ar:
+        raise ValueError(f"{what}, temperature 0: its tokens are checked against the ar point of its "
+                         f"group, which is not in the results log (grid runs it first)")
+    groups = [_served(prompts, p["requests"])] if p["requests"] else batches
+    return sum(parity.check_greedy(target, g, want, got, f"{what}, batch {b}")
+               for b, (g, want, got) in enumerate(zip(groups, ar["tokens"], rec["tokens"])))
+
+
+def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) -> dict:
+    """One point -> its record (parameters, key, measurements)."""
+    t0 = time.perf_counter()
+    batches = _batches(prompts, p["streams"], p["batches"])
+    extra, budget = {}, p["budget"] or 1
+    if p["method"] == "ddtree-auto":
+        fixed = [log.records.get(_group(p, method="ddtree", budget=int(b))) for b in cfg.budgets]
+        fixed = [r for r in fixed if r and "step" in (r["stage_times"] or {})]
+        if len(fixed) >= 2:
+            curve = budgets.StepTimeCurve(tuple(r["budget"] for r in fixed),
+                                          tuple(r["stage_times"]["step"] for r in fixed))
+        else:
+            curve = budgets.measure_step_times(target, drafter, batches[0], cfg.budgets,
+                                               temperature=p["temperature"],
+                                               max_new_tokens=p["max_new_tokens"], seed=p["seed"],
+                                               steps_per_call=p["steps_per_call"])
+        choice = budgets.choose_budget(target, drafter, batches[0], curve, steps=cfg.auto_steps,
+                                       temperature=p["temperature"],
+                                       max_new_tokens=p["max_new_tokens"], seed=p["seed"])
+        budget = choice.budget
+        extra = dict(expected_tau=choice.expected_tau, curve_budgets=list(curve.budgets),
+                     curve_seconds=list(curve.seconds), choose_seconds=time.perf_counter() - t0)
+    rec = dict(p, key=sweep_io.point_key(p), **extra,
+               **_generate(target, drafter, prompts, batches, p, budget, cfg))
+    rec["budget"] = budget if p["method"].startswith("ddtree") else None
+    ar = log.records.get(_group(p, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
+    if p["temperature"] == 0 and p["method"] != "ar":   # lossless, or no numbers
+        rec["greedy_ties"] = check_greedy(target, prompts, batches, p, rec, ar)
+    if p["method"] != "ar" or p["temperature"] != 0:   # ar's temperature-0 records keep them for
+        del rec["tokens"]                              # the later points, this run's or a resumed one's
+    base = rec["tokens_per_second"] if p["method"] == "ar" else (ar or {}).get("tokens_per_second")
+    rec.update(speedup=rec["tokens_per_second"] / base if base else None,
+               wall_seconds=time.perf_counter() - t0,
+               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    return rec
+
+
+def run_sweep(cfg) -> list[dict]:
+    """Run every unfinished point of the config's grid; -> all records of the grid."""
+    target, drafter, prompts, pair_id = load_pair(cfg)
+    log = sweep_io.ResultsLog(os.path.join(cfg.out_dir, "results.jsonl"))
+    points = grid(cfg, pair_id)
+    todo = [p for p in points if sweep_io.point_key(p) not in log]
+    print(f"pair {pair_id} on {jax.default_backend()}: {len(points)} points, "
+          f"{len(points) - len(todo)} already in {log.path}", flush=True)
+    for i, p in enumerate(todo):
+        rec = run_point(target, drafter, prompts, p, log, cfg)
+        log.append(rec)
+        print(f"[{i + 1}/{len(todo)}] streams {p['streams']} T {p['temperature']:g} {p['method']}"
+              f"{'@' + str(rec['budget']) if rec['budget'] else ''}: tau {rec['tau']:.2f}, "
+              f"{rec['tokens_per_second']:.1f} tok/s, {rec['wall_seconds']:.1f} s", flush=True)
+    records = [log.records[sweep_io.point_key(p)] for p in points]
+    for temp in cfg.temperatures:
+        sweep_io.plot_sweep(records, os.path.join(cfg.out_dir, f"sweep_T{float(temp):g}.png"), float(temp))
+    return records
+
+
+def add_xla_flags(xla_flags: str) -> None:
+    """Append `xla_flags` to XLA_FLAGS, which XLA reads once, when the backend starts; ValueError
+    if it has started already (an import that ran a computation), where they would be ignored."""
+    # private, but present in jax 0.10.2 and 0.11.2
+    if xla_bridge.backends_are_initialized():
+        raise ValueError(f"config.xla_flags={xla_flags!r} cannot apply: the JAX backend started "
+                         "before the sweep could set XLA_FLAGS; set XLA_FLAGS in the environment")
+    os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), xla_flags) if f)
