@@ -130,14 +130,14 @@ def context_attention(q, kv, ctx_lens, tail_bits, *, num_q: int, scale: float, v
     first load, a small cost at equal contexts; the op's default is off.
 
     epilogue: "tma" stages O in Q's shared memory and writes it by TMA; "registers" stores it
-    from the accumulator's registers (the slower form, for A/B runs of mla_mosaic_probe.py).
+    from the accumulator's registers (the slower form, for A/B runs of mla_kernel_bench.py).
     profile_dir: Mosaic GPU's in-kernel profiler records every warpgroup's phases (consumers:
     wait_q, context, tail, epilogue with its sums, store and lse; producer: loads) and writes a
-    Chrome trace per compiled call there (experiments/mla_mosaic_probe.py --profile reads it).
+    Chrome trace per compiled call there (experiments/mla_kernel_bench.py --profile reads it).
     timeline: a third output, int32 [S, R / 64, splits, len(TIMELINE)] (CTA f = s * splits + k
     at [s, :, k] whatever the launch order; unsplit with balance, stream order[s] at [s]): when each
     CTA passed the points TIMELINE names, read from %globaltimer by plain stores (no profiler
-    buffer, no extra synchronisation: experiments/mla_mosaic_probe.py --timeline)."""
+    buffer, no extra synchronisation: experiments/mla_kernel_bench.py --timeline)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plmg
 
