@@ -4,7 +4,7 @@ Shapes: S streams, L draft depths, V vocabulary, B budget (non-root nodes), N = 
 
 Path score of a prefix = sum over its depths of the draft log-softmax (clamped at -1e30). The tree
 holds the B prefixes first in the order, shared with the golden
-`ddtree_jax.reference.tree_ref.search_ref`:
+`ddtree_jax.reference.tree_ref.search_reference`:
     (score desc, depth asc, ancestors' scores desc from the parent up, per-depth ranks asc)
 where a rank is a token's position in its depth's (logit desc, token asc) order. A parent always
 precedes its children, so the set is prefix-closed and equals a heap's best-first pops.

@@ -13,7 +13,7 @@ budget B) and implementation ("xla" or "pallas_triton", the same for every part)
   - assemble:    from the search's state to the tree fields (the second half);
   - build_tree:  the whole of it, one jitted call (about the sum of the three parts);
   - reference:   jax.lax.top_k + log-softmax values on the device, copied to the host, then the
-                 literal heap search per stream (ddtree_jax.reference.tree_ref.search_ref).
+                 literal heap search per stream (ddtree_jax.reference.tree_ref.search_reference).
 The search stops at the first depth with no prefix that can still enter the tree, so its time
 depends on the tree's depth (printed with the checks): N(0, scale^2) logits give shallow trees,
 --peak gives deep ones.
@@ -124,10 +124,10 @@ def _reference(x, budget: int):
     S, L, V = x.shape
     K = min(budget, V)
     vals, idx = jax.device_get(_ref_topk(x, K))
-    out = tree_ref.search_ref(vals, budget)  # heap over each depth's sorted top-K log-probs
+    out = tree_ref.search_reference(vals, budget)  # heap over each depth's sorted top-K log-probs
     rows = np.arange(S)[:, None]
     depth = np.maximum(out["depths"] - 1, 0)
-    # search_ref's tokens index the top-K list; map them back to vocabulary ids.
+    # search_reference's tokens index the top-K list; map them back to vocabulary ids.
     return out["parents"], idx[rows, depth, out["tokens"]]
 
 

@@ -226,7 +226,7 @@ def _bench_moe(o: Options, clocks) -> dict:
     from pallas_kernels import moe, registry
     from pallas_kernels.moe import int4, tuning
     from pallas_kernels.moe.pallas_triton import moe_experts_pallas
-    from pallas_kernels.moe.reference import dequantize_int4_golden, moe_experts_golden
+    from pallas_kernels.moe.reference import dequantize_int4_reference, moe_experts_reference
     from pallas_kernels.moe.triton_impl import moe_experts_triton
     from pallas_kernels.moe.xla import moe_experts_xla
 
@@ -252,14 +252,14 @@ def _bench_moe(o: Options, clocks) -> dict:
     check_e = np.unique(np.asarray(fixed))
     sub = {kk: v[check_e] for kk, v in experts.items()}
     hf = moe.experts_to_hf(sub)
-    gold_w = {n: dequantize_int4_golden(np.asarray(hf[f"{n}_packed"]), np.asarray(hf[f"{n}_scale"], np.float64))
+    gold_w = {n: dequantize_int4_reference(np.asarray(hf[f"{n}_packed"]), np.asarray(hf[f"{n}_scale"], np.float64))
               for n in ("gate", "up", "down")}
     remap = {int(x): j for j, x in enumerate(check_e)}
 
     def golden(x, ids, w):
         m = min(x.shape[0], 2)
         local = np.vectorize(remap.get)(np.asarray(ids[:m]))
-        return moe_experts_golden(np.asarray(x[:m].astype(jnp.float32)), local, np.asarray(w[:m]),
+        return moe_experts_reference(np.asarray(x[:m].astype(jnp.float32)), local, np.asarray(w[:m]),
                                   gold_w["gate"], gold_w["up"], gold_w["down"])
 
     def bf16_experts():

@@ -21,7 +21,7 @@ import numpy as np
 LOGP_FLOOR = -1e30  # log-probs are clamped here so every real prefix has a finite score
 
 
-def log_softmax_ref(x) -> np.ndarray:
+def log_softmax_reference(x) -> np.ndarray:
     """float64 log-softmax over the last axis, clamped at LOGP_FLOOR."""
     x = np.asarray(x, np.float64)
     m = x.max(-1, keepdims=True)
@@ -29,7 +29,7 @@ def log_softmax_ref(x) -> np.ndarray:
     return np.maximum(x - lse, LOGP_FLOOR)
 
 
-def search_ref(logp, budget: int) -> dict:
+def search_reference(logp, budget: int) -> dict:
     """Best-first DDTree search on per-depth log-probs logp [S, L, V] (any real values).
 
     Returns numpy arrays: tokens, depths, scores [S, budget]; parents [S, budget+1]; num_nodes [S];
@@ -71,17 +71,17 @@ def search_ref(logp, budget: int) -> dict:
             if d < L:
                 push(path + (0,))
         out["num_nodes"][s] = n
-    out["visibility"] = visibility_ref(out["parents"])
-    out["node_mask"] = pack_bits_ref(out["visibility"])
+    out["visibility"] = visibility_reference(out["parents"])
+    out["node_mask"] = pack_bits_reference(out["visibility"])
     return out
 
 
-def build_tree_ref(draft_logits, budget: int) -> dict:
-    """draft_logits [S, L, V] -> the DDTree of `search_ref` on their float64 log-softmax."""
-    return search_ref(log_softmax_ref(draft_logits), budget)
+def build_tree_reference(draft_logits, budget: int) -> dict:
+    """draft_logits [S, L, V] -> the DDTree of `search_reference` on their float64 log-softmax."""
+    return search_reference(log_softmax_reference(draft_logits), budget)
 
 
-def visibility_ref(parents) -> np.ndarray:
+def visibility_reference(parents) -> np.ndarray:
     """parents [S, N] (-1 = none) -> bool [S, N, N]: row i marks i and its ancestors."""
     S, N = parents.shape
     vis = np.zeros((S, N, N), bool)
@@ -94,7 +94,7 @@ def visibility_ref(parents) -> np.ndarray:
     return vis
 
 
-def pack_bits_ref(vis) -> np.ndarray:
+def pack_bits_reference(vis) -> np.ndarray:
     """bool [S, N, N] -> int32 [S, N, ceil(N/32)]: bit t%32 of word t//32 of row i = vis[.., i, t]."""
     S, N, _ = vis.shape
     W = -(-N // 32)
@@ -104,7 +104,7 @@ def pack_bits_ref(vis) -> np.ndarray:
     return words.view(np.int32)
 
 
-def follow_tree_ref(tokens, parents, posterior, max_depth: int):
+def follow_tree_reference(tokens, parents, posterior, max_depth: int):
     """Walk from the root while the target's token at the current node is a child's token.
 
     tokens [S, B], parents [S, B+1], posterior [S, B+1] ->

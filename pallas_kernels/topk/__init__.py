@@ -7,7 +7,7 @@ x may be float32, bfloat16 or float16 (the values are x's, converted exactly to 
 
 Ties go to the lower index; -0.0 and 0.0 are equal; x must not hold NaN. Implementations: "xla"
 (`jax.lax.top_k`) and "pallas_triton" (a threshold selection that reads x once, see
-`pallas_kernels.topk.pallas_triton`). The golden is `pallas_kernels.topk.reference.topk_ref`.
+`pallas_kernels.topk.pallas_triton`). The golden is `pallas_kernels.topk.reference.topk_reference`.
 Design note: docs/kernels/topk.md.
 """
 

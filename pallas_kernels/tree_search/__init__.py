@@ -8,7 +8,7 @@
 Called as `tree_search(vals, tok, lse, budget, impl="auto")`, or through the registry.
 Per-depth log-probs are max(vals - lse, -1e30) (vals as given when lse is None); K = min(B, V).
 The tree is the B best prefixes in `ddtree_jax.tree`'s node order (its docstring has the order and
-the padding), exactly as the heap golden `ddtree_jax.reference.tree_ref.search_ref` builds it.
+the padding), exactly as the heap golden `ddtree_jax.reference.tree_ref.search_reference` builds it.
 Implementations, each two stages (`stages(impl)` -> (search, assemble), for timing):
   "xla":           per-depth jax.lax.top_k over the candidate pairs, then a searchsorted merge,
                    scatters and an ancestor loop (`pallas_kernels.tree_search.xla`);

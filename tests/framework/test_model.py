@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import ddtree_jax as dj
-from ddtree_jax.reference import int4_ref, model_ref
+from ddtree_jax.reference import model_ref
+from pallas_kernels.moe import reference as moe_reference
 from pallas_kernels import moe, registry
 from pallas_kernels.mla_attention import mosaic_gpu, pallas_triton as mla_pallas
 from pallas_kernels.mla_attention.reference import mla_attention_reference
@@ -27,10 +28,10 @@ def _params(cfg, seed, fmt="bf16"):
             params[f"layers_{i}"]["mlp"]["experts"] = moe.prepare_experts_bf16(e["gate"], e["up"], e["down"])
             golden_experts[i] = e
         else:
-            q = {k: int4_ref.quantize_int4(e[k]) for k in ("gate", "up", "down")}
+            q = {k: moe_reference.quantize_int4_reference(e[k]) for k in ("gate", "up", "down")}
             params[f"layers_{i}"]["mlp"]["experts"] = moe.prepare_experts_int4(
                 q["gate"][0], q["gate"][1], q["up"][0], q["up"][1], q["down"][0], q["down"][1])
-            golden_experts[i] = {k: int4_ref.dequantize_int4(*q[k]) for k in q}
+            golden_experts[i] = {k: moe_reference.dequantize_int4_reference(*q[k]) for k in q}
     jparams = jax.tree_util.tree_map(jnp.asarray, params)
     return jparams, params, golden_experts
 

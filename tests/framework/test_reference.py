@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ddtree_jax.config import ModelConfig, RopeScaling
-from ddtree_jax.reference import int4_ref, model_ref as ref
+from ddtree_jax.reference import model_ref as ref
+from pallas_kernels.moe import reference as moe_reference
 
 TINY = ModelConfig.preset("tiny")
 
@@ -84,34 +85,34 @@ def test_rope_scores_depend_only_on_position_difference(cfg):
 
 def test_int4_pack_unpack_round_trip():
     v = np.random.default_rng(3).integers(-8, 8, size=(3, 5, 64))
-    packed = int4_ref.pack_int4(v)
+    packed = moe_reference.pack_int4_reference(v)
     assert packed.dtype == np.int32 and packed.shape == (3, 5, 8)
-    np.testing.assert_array_equal(int4_ref.unpack_int4(packed), v)
+    np.testing.assert_array_equal(moe_reference.unpack_int4_reference(packed), v)
 
 
 def test_int4_bit_layout_by_hand():
     # nibble = value + 8, lowest K index in the lowest nibble.
     v = np.array([[-8, -7, -6, -5, -4, -3, -2, -1, 7, 6, 5, 4, 3, 2, 1, 0]])
-    packed = int4_ref.pack_int4(v)
+    packed = moe_reference.pack_int4_reference(v)
     assert packed.view(np.uint32).tolist() == [[0x76543210, 0x89ABCDEF]]
     assert packed.tolist() == [[0x76543210, 0x89ABCDEF - 2 ** 32]]
     with pytest.raises(ValueError, match=r"\[-8, 7\]"):
-        int4_ref.pack_int4(np.full((1, 8), 8))
+        moe_reference.pack_int4_reference(np.full((1, 8), 8))
 
 
 def test_int4_quantize_error_within_half_a_step():
     rng = np.random.default_rng(4)
     w = rng.standard_normal((2, 6, 128)) * rng.uniform(0.01, 3, size=(2, 6, 1))
     w[0, 0, :32] = 0.0                                           # an all-zero group
-    packed, scale = int4_ref.quantize_int4(w)
+    packed, scale = moe_reference.quantize_int4_reference(w)
     assert packed.shape == (2, 6, 16) and scale.shape == (2, 6, 4) and scale.dtype == np.float32
     np.testing.assert_array_equal(scale.astype(ml_dtypes.bfloat16).astype(np.float32), scale)
-    deq = int4_ref.dequantize_int4(packed, scale)
+    deq = moe_reference.dequantize_int4_reference(packed, scale)
     step = np.repeat(scale.astype(np.float64), 32, axis=-1)
     assert np.all(np.abs(deq - w) <= step / 2 + 1e-12)
     assert np.all(deq[0, 0, :32] == 0.0)
     # the group maximum maps to +-7 steps (up to the bf16 rounding of the scale)
-    q = int4_ref.unpack_int4(packed).reshape(2, 6, 4, 32)
+    q = moe_reference.unpack_int4_reference(packed).reshape(2, 6, 4, 32)
     assert np.all(np.abs(q).max(axis=-1)[scale > 0] == 7)
 
 

@@ -39,12 +39,12 @@ def test_build_tree_matches_heap_golden(S, L, V, budget):
     for _ in range(3):
         x = (3 * rng.normal(size=(S, L, V))).astype(np.float32)
         tree = T.build_tree(jnp.asarray(x), budget)
-        gold_plus = R.build_tree_ref(x, budget + 1)
+        gold_plus = R.build_tree_reference(x, budget + 1)
         if _no_near_ties(gold_plus, budget):
-            _assert_tree_equal(tree, R.build_tree_ref(x, budget))
+            _assert_tree_equal(tree, R.build_tree_reference(x, budget))
             exact += 1
         else:  # a near-tie may flip under float32: same scores, still a valid tree
-            gold = R.build_tree_ref(x, budget)
+            gold = R.build_tree_reference(x, budget)
             np.testing.assert_allclose(np.asarray(tree.scores), gold["scores"], atol=2e-4)
             _check_invariants(tree, x)
     assert exact >= 2
@@ -56,14 +56,14 @@ def test_ties_match_golden_exactly(S, L, V, budget):
     rng = np.random.default_rng(7 + budget)
     logp = rng.integers(-2, 1, size=(S, L, V)).astype(np.float32)
     _assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), budget),
-                       R.search_ref(logp, budget))
+                       R.search_reference(logp, budget))
 
 
 def test_pallas_topk_path_matches():
     rng = fresh_rng()
     logp = rng.integers(-3, 1, size=(2, 3, 12)).astype(np.float32)
     _assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), 5, topk_impl="pallas_triton"),
-                       R.search_ref(logp, 5))
+                       R.search_reference(logp, 5))
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
@@ -93,7 +93,7 @@ def _check_invariants(tree, x):
     vis, sc = np.asarray(tree.visibility), np.asarray(tree.scores)
     n_real = T.num_real_nodes(L, V, B)
     assert np.all(np.asarray(tree.num_nodes) == n_real)
-    logp = R.log_softmax_ref(x)
+    logp = R.log_softmax_reference(x)
     for s in range(S):
         assert par[s, 0] == -1
         seen = set()
@@ -114,8 +114,8 @@ def _check_invariants(tree, x):
             seen.add(path)
         real = sc[s, :n_real]
         assert np.all(np.diff(real) <= 0)  # non-increasing score
-    np.testing.assert_array_equal(vis, R.visibility_ref(par))
-    np.testing.assert_array_equal(np.asarray(tree.node_mask), R.pack_bits_ref(vis))
+    np.testing.assert_array_equal(vis, R.visibility_reference(par))
+    np.testing.assert_array_equal(np.asarray(tree.node_mask), R.pack_bits_reference(vis))
     assert np.all(par[:, 1:] <= np.asarray(tree.num_nodes)[:, None])  # never a padding parent
 
 
@@ -146,7 +146,7 @@ def test_follow_tree_matches_golden(shape, seed, p_follow):
             if kids and rng.random() < p_follow:
                 post[s, i] = tok[s, rng.choice(kids) - 1]
     acc, n, bonus = T.follow_tree(tree, jnp.asarray(post))
-    g_acc, g_n, g_bonus = R.follow_tree_ref(tok, par, post, L)
+    g_acc, g_n, g_bonus = R.follow_tree_reference(tok, par, post, L)
     np.testing.assert_array_equal(np.asarray(acc), g_acc)
     np.testing.assert_array_equal(np.asarray(n), g_n)
     np.testing.assert_array_equal(np.asarray(bonus), g_bonus)
@@ -171,7 +171,7 @@ def test_follow_tree_on_arbitrary_trees_matches_golden(seed, S, B, L, V):
                   scores=jnp.zeros((S, B)), max_depth=L)
     post = rng.integers(0, V, size=(S, B + 1)).astype(np.int32)
     got = T.follow_tree(tree, jnp.asarray(post))
-    for g, w in zip(got, R.follow_tree_ref(tok, par, post, L)):
+    for g, w in zip(got, R.follow_tree_reference(tok, par, post, L)):
         np.testing.assert_array_equal(np.asarray(g), w)
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from pallas_kernels import moe
 from pallas_kernels.moe import int4, pallas_triton, tuning
-from pallas_kernels.moe.reference import dequantize_int4_golden, moe_experts_golden
+from pallas_kernels.moe.reference import dequantize_int4_reference, moe_experts_reference
 from tests.kernel_testing import assert_close, fresh_rng, runnable_impls
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3}
@@ -34,7 +34,7 @@ def _int4_experts(rng, e, d, i):
     hf = [moe.quantize_int4(rng.standard_normal(s).astype(np.float32) * 0.5)
           for s in ((e, i, d), (e, i, d), (e, d, i))]
     experts = moe.prepare_experts_int4(*hf[0], *hf[1], *hf[2])
-    return experts, [dequantize_int4_golden(p, s) for p, s in hf]
+    return experts, [dequantize_int4_reference(p, s) for p, s in hf]
 
 
 def _bf16_experts(rng, e, d, i):
@@ -74,7 +74,7 @@ def test_moe_experts_matches_golden(impl, case):
     x = jnp.asarray(rng.standard_normal((t, d)), dtype)
     out = moe.moe_experts(x, jnp.asarray(ids), jnp.asarray(w), experts, impl=impl)
     assert out.shape == (t, d) and out.dtype == dtype
-    ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
+    ref = moe_experts_reference(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
     assert_close(out, ref, TOL[dtype], f"{impl} {case}")
 
 
@@ -97,14 +97,14 @@ def test_f16_scales_match_golden(impl, dtype, w_std):
           for s in ((e, i, d), (e, i, d), (e, d, i))]
     experts = moe.prepare_experts_int4(*hf[0], *hf[1], *hf[2], scale_dtype=jnp.float16)
     assert all(experts[f"{n}_qscale"].dtype == jnp.float16 for n in ("gate", "up", "down"))
-    g, u, dn = (dequantize_int4_golden(p, sc) for p, sc in hf)
+    g, u, dn = (dequantize_int4_reference(p, sc) for p, sc in hf)
     ids, w = _routing(rng, "random", t, k, e)
     lo, hi = (-6, 6) if dtype == jnp.bfloat16 else (-0.5, 0.5)   # float16: outputs stay normal
     x = jnp.asarray(rng.standard_normal((t, d)) * 10.0 ** np.linspace(lo, hi, t)[:, None], dtype)
     out = moe.moe_experts(x, jnp.asarray(ids), jnp.asarray(w), experts, impl=impl)
     assert out.dtype == dtype
     with np.errstate(over="ignore"):             # SiLU's exp(-g) of g ~ -1e7: h = -0
-        ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
+        ref = moe_experts_reference(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
     runs = [("table", out, F16_TOL[dtype] if impl in ("pallas_triton", "triton") else TOL[jnp.bfloat16])]
     if impl == "pallas_triton":   # the large-T entry too (32-row blocks, 16-row bodies), split K, f16 off
         big = tuning.config(1 << 20)
@@ -168,7 +168,7 @@ def test_dequantize_matches_golden_and_format():
     packed = jnp.asarray(rng.integers(-2**31, 2**31, (3, 5, 8), dtype=np.int64).astype(np.int32))
     sc = jnp.asarray(rng.random((3, 5, 2)), jnp.bfloat16)
     np.testing.assert_array_equal(np.asarray(moe.dequantize_int4(packed, sc)),
-                                  dequantize_int4_golden(packed, sc))
+                                  dequantize_int4_reference(packed, sc))
 
 
 def test_quantize_error_bounded():
@@ -177,7 +177,7 @@ def test_quantize_error_bounded():
     packed, scale = moe.quantize_int4(w)
     assert packed.shape == (4, 7, 8) and packed.dtype == jnp.int32 and scale.dtype == jnp.bfloat16
     s = np.repeat(np.asarray(scale, np.float64), 32, axis=-1)
-    err = np.abs(dequantize_int4_golden(packed, scale) - w)
+    err = np.abs(dequantize_int4_reference(packed, scale) - w)
     assert np.all(err <= 0.55 * s + 1e-12)
 
 
@@ -196,7 +196,7 @@ def test_int4_kernel_layout_roundtrip(d, i):
     # The kernel layout dequantises to the transposed golden, zero in the K padding.
     dq = np.asarray(int4.dequantize_kernel_layout(experts["gate_qweight"], experts["gate_qscale"]))
     np.testing.assert_array_equal(dq[:, :d], np.swapaxes(
-        dequantize_int4_golden(hf["gate_packed"], hf["gate_scale"]), 1, 2))
+        dequantize_int4_reference(hf["gate_packed"], hf["gate_scale"]), 1, 2))
     assert not np.any(dq[:, d:])
     back = moe.experts_to_hf(experts)
     assert set(back) == set(hf)
@@ -421,7 +421,7 @@ def test_pallas_variants_match_golden(variant, route):
         x = jnp.asarray(rng.standard_normal((t, d)), dtype)
         out = pt.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts, cfg=cfg)
         assert out.shape == (t, d) and out.dtype == dtype
-        ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
+        ref = moe_experts_reference(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
         assert_close(out, ref, TOL[dtype], f"{variant} T{t} {kind} {jnp.dtype(dtype).name}")
 
     _check_kernel_rows(cfg, 4, 288, 64, 9, 2, "one_expert", variant)
@@ -458,7 +458,7 @@ def test_min_bm_runs_every_body():
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
     x = jnp.asarray(rng.standard_normal((ids.shape[0], d)), jnp.bfloat16)
     out = pt.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts, cfg=cfg)
-    ref = moe_experts_golden(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
+    ref = moe_experts_reference(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
     assert_close(out, ref, TOL[jnp.bfloat16], "min_bm whole op")
     for bad in (8, 24, 64):
         with pytest.raises(ValueError, match="MoEConfig.min_bm"):

@@ -22,7 +22,7 @@ from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref as R
 from pallas_kernels import registry
 from pallas_kernels.topk import pallas_triton as topk_pt
-from pallas_kernels.topk.reference import topk_ref
+from pallas_kernels.topk.reference import topk_reference
 from pallas_kernels.tree_search import num_real_nodes, pallas_triton as search_pt, tree_search
 from tests.kernel_testing import fresh_rng
 
@@ -54,13 +54,13 @@ def test_pallas_tree_search_matches_heap_golden(S, L, V, budget, kind, with_lse)
     rng = fresh_rng()
     logp = _logp(rng, kind, S, L, V)
     K = min(budget, V)
-    vals, tok = topk_ref(logp.reshape(S * L, V), K)
+    vals, tok = topk_reference(logp.reshape(S * L, V), K)
     vals, tok = vals.reshape(S, L, K), tok.reshape(S, L, K)
     lse = np.round(rng.normal(size=(S, L)) * 8).astype(np.float32) / 8 if with_lse else None
     state = search_pt.search(jnp.asarray(vals if lse is None else vals + lse[..., None]), jnp.asarray(tok),
                              None if lse is None else jnp.asarray(lse), budget)  # vals + lse - lse is exact
     fields = search_pt.assemble(*state, num_nodes=num_real_nodes(L, K, budget), poison=True)
-    gold = R.search_ref(logp, budget)
+    gold = R.search_reference(logp, budget)
     for f in FIELDS:
         np.testing.assert_array_equal(np.asarray(fields[f]), gold[f], err_msg=f)
 
@@ -85,11 +85,11 @@ def test_module_function_matches_heap_golden(impl):
     rng = fresh_rng()
     S, L, V, budget = 2, 4, 12, 10
     logp = _logp(rng, "spread", S, L, V)
-    vals, tok = topk_ref(logp.reshape(S * L, V), budget)
+    vals, tok = topk_reference(logp.reshape(S * L, V), budget)
     lse = np.round(rng.normal(size=(S, L)) * 8).astype(np.float32) / 8
     fields = tree_search(jnp.asarray(vals.reshape(S, L, budget) + lse[..., None]),
                          jnp.asarray(tok.reshape(S, L, budget)), jnp.asarray(lse), budget, impl=impl)
-    gold = R.search_ref(logp, budget)
+    gold = R.search_reference(logp, budget)
     for f in FIELDS:
         np.testing.assert_array_equal(np.asarray(fields[f]), gold[f], err_msg=f)
 
