@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import registry
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
-from pallas_kernels.topk.pallas_triton import barrier, pow2_at_least
+from pallas_kernels.selection import barrier, pow2_at_least
 
 TAP_COLUMNS = 512   # taps columns per gather tile
 

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
-from pallas_kernels.topk.pallas_triton import (at, barrier, exclusive_cumsum, in_superset, keys,
-                                               pow2_at_least, superset)
+from pallas_kernels.selection import (at, barrier, exclusive_cumsum, in_superset, keys, pow2_at_least,
+                                      superset)
 from pallas_kernels.tree_search.xla import LOGP_FLOOR
 
 # Warps of the search kernel (read when traced); 0: by the candidate pairs, 4 (budget <= 64) to 16

@@ -80,7 +80,7 @@ def test_shifted_keys_keep_order_and_distinctness(dtype):
     """keys(x widened to float32, key_shift(dtype)) compare exactly as the unshifted keys do
     (which order like the values, -0.0 == 0.0): over both signs, subnormals, extremes,
     infinities and ties."""
-    from pallas_kernels.topk.pallas_triton import key_shift, keys
+    from pallas_kernels.selection import key_shift, keys
 
     info = jnp.finfo(dtype)
     rng = fresh_rng()
@@ -125,7 +125,7 @@ def _superset_case(rng, kind, n):
 def test_superset_is_a_prefix_of_the_order(kind, n, frac, seed):
     """`superset` (the bisection every Pallas selection uses) returns the first m entries in
     (value desc, position asc) order with k <= m <= cap, for values over any range."""
-    from pallas_kernels.topk.pallas_triton import in_superset, keys, superset
+    from pallas_kernels.selection import in_superset, keys, superset
 
     rng = np.random.default_rng(seed)
     x = _superset_case(rng, kind, n)
