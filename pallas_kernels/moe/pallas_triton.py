@@ -34,7 +34,7 @@ from pallas_kernels.moe.experts import Dims, check_moe_inputs, dims as expert_di
 from pallas_kernels.pallas_compat import interpret_mode, pl, plgpu
 
 
-def _col_block(n: int, bn: int) -> int:
+def col_block(n: int, bn: int) -> int:
     """Largest power of two <= bn dividing n (n is a multiple of 32 for every expert matrix)."""
     while n % bn:
         bn //= 2
@@ -289,7 +289,7 @@ def gate_up(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int, out=N
     cfg.split_k > 1: the kernel writes float32 gate and up partial sums [split_k, T*k, I] (`out`: a
     pair of such buffers) and XLA reduces them and applies the epilogue.
     """
-    bn = _col_block(dm.intermediate, cfg.check().bn_up)
+    bn = col_block(dm.intermediate, cfg.check().bn_up)
     scaled = row_scale is not None
     kernel = functools.partial(_gate_up_kernel, bm=cfg.bm, bn=bn, k=dm.hidden, top_k=top_k,
                                int4_weights=dm.int4, route=_route(cfg, x.dtype), cfg=cfg, scaled=scaled)
@@ -312,7 +312,7 @@ def down(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg, out=Non
 
     cfg.split_k > 1: the kernel writes partial sums [split_k, T*k, d] (`out`: such a buffer), summed here.
     """
-    bn = _col_block(dm.hidden, cfg.check().bn_down)
+    bn = col_block(dm.hidden, cfg.check().bn_down)
     kernel = functools.partial(_down_kernel, bm=cfg.bm, bn=bn, k=dm.intermediate,
                                int4_weights=dm.int4, route=_route(cfg, h.dtype), cfg=cfg)
     args = [row_slot, slot_weight, block_expert, h, *_weights(experts, "down", dm.int4)]

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from pallas_kernels import registry
 from pallas_kernels.moe import int4, tuning
 from pallas_kernels.moe.experts import Dims, check_moe_inputs, dims as expert_dims
-from pallas_kernels.moe.pallas_triton import _col_block, slot_experts
+from pallas_kernels.moe.pallas_triton import col_block, slot_experts
 
 
 @functools.cache
@@ -61,7 +61,7 @@ def _asm(cfg, dtype) -> bool:
 
 
 def gate_up_launch(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int, row_scale=None) -> Launch:
-    bn = _col_block(dm.intermediate, cfg.check().bn_up)
+    bn = col_block(dm.intermediate, cfg.check().bn_up)
     scaled = row_scale is not None
     slots = x.shape[0] * top_k
     args = [row_slot, block_expert, x, row_scale if scaled else x,
@@ -76,7 +76,7 @@ def gate_up_launch(x, row_slot, block_expert, experts, dm: Dims, cfg, top_k: int
 
 
 def down_launch(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg) -> Launch:
-    bn = _col_block(dm.hidden, cfg.check().bn_down)
+    bn = col_block(dm.hidden, cfg.check().bn_down)
     args = [row_slot, slot_weight, block_expert, h, *_weights(experts, "down", dm.int4)]
     shape = jax.ShapeDtypeStruct((h.shape[0], dm.hidden), jnp.float32)
     return Launch("down", args, shape, (block_expert.shape[0], dm.hidden // bn), cfg.down_warps or cfg.num_warps,

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 from ddtree_jax import tree as T
 from ddtree_jax.reference import tree_ref as R
 from pallas_kernels import registry
+from pallas_kernels import selection
 from pallas_kernels.topk import pallas_triton as topk_pt
 from pallas_kernels.topk.reference import topk_reference
 from pallas_kernels.tree_search import num_real_nodes, pallas_triton as search_pt, tree_search
@@ -97,8 +98,8 @@ def test_module_function_matches_heap_golden(impl):
 @jax.jit
 def _superset(key, valid):
     order = jnp.arange(key.shape[0])
-    lo, cut, n = topk_pt.superset(key, valid, order, 5, 8)
-    return topk_pt.in_superset(key, valid, order, lo, cut), n
+    lo, cut, n = selection.superset(key, valid, order, 5, 8)
+    return selection.in_superset(key, valid, order, lo, cut), n
 
 
 @settings(max_examples=30, deadline=None)
@@ -110,7 +111,7 @@ def test_superset_is_a_prefix_of_the_order(seed, levels, p_valid):
     x = rng.integers(0, levels, size=64).astype(np.float32) - levels / 2
     x[rng.random(64) < 0.1] = -0.0
     valid = rng.random(64) < p_valid
-    sel, n = _superset(topk_pt.keys(jnp.asarray(x)), jnp.asarray(valid))
+    sel, n = _superset(selection.keys(jnp.asarray(x)), jnp.asarray(valid))
     sel, n = np.asarray(sel), int(n)
     order = [i for i in np.argsort(-x.astype(np.float64), kind="stable") if valid[i]]
     assert n == len(order) if len(order) <= 8 else 5 <= n <= 8
