@@ -15,6 +15,8 @@ compiled kernels on the H200 reach 1.7e-3 at the K2 shape).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,15 +69,20 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}k{c[1]}E{c[2]}d{c[3]}I{c[4]}-{c[5]}-"
                          f"{'int4' if c[6] else 'bf16w'}-{jnp.dtype(c[7]).name}")
 def test_moe_experts_matches_golden(impl, case):
+    _check_case(case, functools.partial(moe.moe_experts, impl=impl), f"{impl} {case}")
+
+
+def _check_case(case, call, what: str) -> None:
+    """call(x, ids, weights, experts) on a CASES entry's fresh random inputs, against the golden."""
     t, k, e, d, i, kind, is_int4, dtype = case
     rng = fresh_rng()
     experts, (g, u, dn) = (_int4_experts if is_int4 else _bf16_experts)(rng, e, d, i)
     ids, w = _routing(rng, kind, t, k, e)
     x = jnp.asarray(rng.standard_normal((t, d)), dtype)
-    out = moe.moe_experts(x, jnp.asarray(ids), jnp.asarray(w), experts, impl=impl)
+    out = call(x, jnp.asarray(ids), jnp.asarray(w), experts)
     assert out.shape == (t, d) and out.dtype == dtype
     ref = moe_experts_reference(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
-    assert_close(out, ref, TOL[dtype], f"{impl} {case}")
+    assert_close(out, ref, TOL[dtype], what)
 
 
 @pytest.mark.parametrize("impl", runnable_impls("moe_experts"))
@@ -414,15 +421,9 @@ def test_pallas_variants_match_golden(variant, route):
 
     cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant=route, **VARIANTS[variant])
     cases = [CASES[0]] + ([CASES[3], CASES[2]] if variant == "all" else [])
-    for t, k, e, d, i, kind, is_int4, dtype in cases:
-        rng = fresh_rng()
-        experts, (g, u, dn) = (_int4_experts if is_int4 else _bf16_experts)(rng, e, d, i)
-        ids, w = _routing(rng, kind, t, k, e)
-        x = jnp.asarray(rng.standard_normal((t, d)), dtype)
-        out = pt.moe_experts_pallas(x, jnp.asarray(ids), jnp.asarray(w), experts, cfg=cfg)
-        assert out.shape == (t, d) and out.dtype == dtype
-        ref = moe_experts_reference(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn)
-        assert_close(out, ref, TOL[dtype], f"{variant} T{t} {kind} {jnp.dtype(dtype).name}")
+    for case in cases:
+        _check_case(case, functools.partial(pt.moe_experts_pallas, cfg=cfg),
+                    f"{variant} T{case[0]} {case[5]} {jnp.dtype(case[7]).name}")
 
     _check_kernel_rows(cfg, 4, 288, 64, 9, 2, "one_expert", variant)
 
