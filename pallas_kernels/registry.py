@@ -13,11 +13,24 @@ a kernel directly.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Callable
 
 import jax
 
 IMPLS = ("xla", "pallas_triton", "triton", "mosaic_gpu")
+# Every operation, and the package whose import registers its implementations (each module of an
+# implementation applies `register`); docs/kernels.md has the operation x implementation table.
+OPERATIONS = {
+    "moe_experts": "pallas_kernels.moe",
+    "mla_attention": "pallas_kernels.mla_attention",
+    "drafter_attention": "pallas_kernels.drafter_attention",
+    "drafter_qkv": "pallas_kernels.drafter_qkv",
+    "topk": "pallas_kernels.topk",
+    "topk_logsumexp": "pallas_kernels.topk",
+    "tree_search": "pallas_kernels.tree_search",
+    "tree_accept": "pallas_kernels.tree_accept",
+}
 _REGISTRY: dict[str, dict[str, Callable]] = {}
 _CHOOSERS: dict[str, Callable[..., str]] = {}
 _SUPPORTS: dict[tuple[str, str], Callable[..., str | None]] = {}
@@ -31,6 +44,8 @@ def register(op: str, impl: str, supports: Callable[..., str | None] | None = No
     call (fn itself then raises ValueError with that reason); None: every call."""
     if impl not in IMPLS:
         raise ValueError(f"unknown kernel implementation {impl!r}; expected one of {IMPLS}")
+    if op not in OPERATIONS:
+        raise ValueError(f"unknown kernel operation {op!r}: add it to registry.OPERATIONS")
 
     def deco(fn):
         _REGISTRY.setdefault(op, {})[impl] = fn
@@ -54,9 +69,9 @@ def chooser(op: str):
 
 def implementations(op: str) -> tuple[str, ...]:
     _load_all()
-    if op not in _REGISTRY:
-        raise KeyError(f"unknown kernel operation {op!r}; known: {sorted(_REGISTRY)}")
-    return tuple(i for i in IMPLS if i in _REGISTRY[op])
+    if op not in OPERATIONS:
+        raise KeyError(f"unknown kernel operation {op!r}; known: {sorted(OPERATIONS)}")
+    return tuple(i for i in IMPLS if i in _REGISTRY.get(op, {}))
 
 
 def resolve(op: str, impl: str = "auto") -> str:
@@ -100,6 +115,6 @@ def _dispatch(op: str, *args, **kwargs):
 
 @functools.cache
 def _load_all() -> None:
-    # Importing the kernel modules registers their implementations.
-    from pallas_kernels import (drafter_attention, drafter_qkv, mla_attention, moe, topk,  # noqa: F401
-                                tree_accept, tree_search)
+    # Importing the kernel packages registers their implementations.
+    for package in sorted(set(OPERATIONS.values())):
+        importlib.import_module(package)

@@ -16,6 +16,7 @@ from tests.kernel_testing import assert_close, fresh_rng
 def _fake_op(monkeypatch, chooser=None, supports=None):
     """Operation "test_op" whose implementations return their own names."""
     impls = {name: (lambda x, name=name: name) for name in ("xla", "pallas_triton", "mosaic_gpu")}
+    monkeypatch.setitem(registry.OPERATIONS, "test_op", "pallas_kernels")
     monkeypatch.setitem(registry._REGISTRY, "test_op", impls)
     if chooser:
         monkeypatch.setitem(registry._CHOOSERS, "test_op", chooser)
@@ -128,3 +129,18 @@ def test_assert_close_logs_error_over_tolerance(monkeypatch, tmp_path):
     assert [r[1:] for r in rows] == [["small", "2.000e-03", "1.0e-02", "0.200"],
                                      ["big", "2.000e-01", "1.0e-02", "20.000"]]
     assert rows[0][0].startswith("tests/kernels/test_registry.py::test_assert_close_logs_error_over_tolerance")
+
+
+def test_every_operation_is_in_the_table_with_an_entry_point_and_an_xla_path():
+    """registry.OPERATIONS lists every registered operation; each has the validated entry point
+    named after it in its package and the "xla" reference path; an operation outside the table
+    cannot be registered."""
+    import importlib
+    from pallas_kernels import registry
+    registry.implementations("moe_experts")       # loads every package
+    assert set(registry._REGISTRY) == set(registry.OPERATIONS)
+    for op, package in registry.OPERATIONS.items():
+        assert callable(getattr(importlib.import_module(package), op)), op
+        assert "xla" in registry.implementations(op), op
+    with pytest.raises(ValueError, match="registry.OPERATIONS"):
+        registry.register("no_such_op", "xla")
