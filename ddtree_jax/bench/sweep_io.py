@@ -2,14 +2,15 @@
 
 One JSON object per line, each a finished point with a "key" (canonical JSON of the parameters that
 identify the point). A line is written whole, flushed and fsynced before the next point starts, so
-a killed run loses at most the point in progress; a torn last line (killed mid-write) is cut off on
-the next open, and points whose key is already present are skipped.
+a killed run loses at most the point in progress; a damaged or torn line is reported and kept, never
+cut off, and points whose key is already present are skipped.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Iterable
 
 from ddtree_jax.bench.timing import STAGES
@@ -21,29 +22,44 @@ def point_key(params: dict) -> str:
 
 
 class ResultsLog:
-    """Append-only JSONL results file; `records` maps key -> record for the finished points."""
+    """Append-only JSONL results file; `records` maps key -> record for the finished points.
+
+    Opening it reads and never modifies the file. A line that is not a JSON record with a "key"
+    (damaged, or torn: a writer killed mid-line) is kept in the file, skipped, and reported in
+    `damaged` as (line number, why) with a warning naming the file; the records before and after it
+    are read. The next `append` ends a torn last line first, so its record starts a line of its own.
+    """
 
     def __init__(self, path: str):
         self.path = path
         self.records: dict[str, dict] = {}
+        self.damaged: list[tuple[int, str]] = []
+        self._torn_tail = False
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         if not os.path.exists(path):
             return
         with open(path, "rb") as f:
             data = f.read()
-        good = 0
-        for line in data.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break                      # torn write: dropped below
+        lines = data.split(b"\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            self.records.setdefault(rec["key"], rec)
-            good += len(line)
-        if good < len(data):
-            with open(path, "r+b") as f:
-                f.truncate(good)
+                key = rec["key"]
+                if not isinstance(key, str):
+                    raise TypeError(f"its key is {type(key).__name__}, not a string")
+            except (ValueError, KeyError, TypeError) as e:
+                why = ("torn: no end of line" if number == len(lines) else
+                       f"not a record ({type(e).__name__}: {e})")
+                self.damaged.append((number, why[:200]))
+                continue
+            self.records.setdefault(key, rec)
+        self._torn_tail = bool(data) and not data.endswith(b"\n")
+        if self.damaged:
+            warnings.warn(f"{path}: skipped damaged line(s) "
+                          + "; ".join(f"line {n}: {why}" for n, why in self.damaged)
+                          + " (kept in the file)", stacklevel=2)
 
     def __contains__(self, key: str) -> bool:
         return key in self.records
@@ -52,9 +68,10 @@ class ResultsLog:
         if record["key"] in self.records:
             raise ValueError(f"point already recorded: {record['key']}")
         with open(self.path, "a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(("\n" if self._torn_tail else "") + json.dumps(record, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        self._torn_tail = False
         self.records[record["key"]] = record
 
 

@@ -40,11 +40,30 @@ def test_results_log_survives_a_torn_line(tmp_path):
         log.append(_rec(1))
     with open(path, "a") as f:
         f.write('{"key": "half a record')                 # killed mid-write
-    again = sweep_io.ResultsLog(path)
-    assert list(again.records) == [_rec(1)["key"], _rec(2)["key"]]
+    before = open(path, "rb").read()
+    with pytest.warns(UserWarning, match=r"r.jsonl: .*line 3: torn"):
+        again = sweep_io.ResultsLog(path)
+    assert open(path, "rb").read() == before               # reading never modifies the file
+    assert list(again.records) == [_rec(1)["key"], _rec(2)["key"]] and again.damaged[0][0] == 3
     again.append(_rec(3))
     with open(path) as f:
-        assert [json.loads(line)["budget"] for line in f] == [2, 4, 8]
+        lines = f.read().splitlines()
+    assert lines[2] == '{"key": "half a record' and [json.loads(lines[i])["budget"] for i in (0, 1, 3)] == [2, 4, 8]
+    with pytest.warns(UserWarning, match="line 3"):
+        assert list(sweep_io.ResultsLog(path).records) == [_rec(i)["key"] for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("bad", ['not json at all', '{"budget": 4}', '[1, 2]', '{"key": 7}'])
+def test_a_damaged_middle_line_is_reported_and_the_records_around_it_kept(tmp_path, bad):
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join([json.dumps(_rec(1)), bad, json.dumps(_rec(2))]) + "\n")
+    before = path.read_bytes()
+    with pytest.warns(UserWarning, match=r"r.jsonl: skipped damaged line\(s\) line 2: not a record"):
+        log = sweep_io.ResultsLog(str(path))
+    assert list(log.records) == [_rec(1)["key"], _rec(2)["key"]] and log.damaged[0][0] == 2
+    assert path.read_bytes() == before
+    with pytest.warns(UserWarning, match="line 2"):
+        assert len(sweep_io.read_results(str(path))) == 2
 
 
 def test_summary_and_plot(tmp_path, monkeypatch, capsys):
@@ -91,7 +110,8 @@ def _overrides(out, cache, **kw):
 
 def test_sweep_resumes_after_kill(tmp_path):
     """Kill the sweep (SIGKILL) once its first point is on disk, tear the file's tail, rerun: every
-    point is there exactly once and the first one was not redone."""
+    point is there exactly once, the first one was not redone, and the torn line is kept (and
+    reported) on a line of its own."""
     out = tmp_path / "sweep"
     results = out / "results.jsonl"
     cmd = [sys.executable, os.path.join(ROOT, "experiments/speculative_sweep.py"),
@@ -113,7 +133,8 @@ def test_sweep_resumes_after_kill(tmp_path):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = results.read_text().splitlines()
-    recs = [json.loads(line) for line in lines]
+    assert lines[len(first)] == '{"key": "torn' and "torn: no end of line" in done.stderr
+    recs = [json.loads(line) for i, line in enumerate(lines) if i != len(first)]
     assert len({r["key"] for r in recs}) == len(recs) == 2
     assert lines[:len(first)] == first
     assert [(r["method"], r["streams"]) for r in recs] == [("ar", 1), ("ar", 2)]
