@@ -16,10 +16,26 @@ def check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
 def integer_array(name: str, value, xp=np):
     """`value` as an `xp` (numpy or jax.numpy) array; ValueError naming `name` unless it holds
-    integers: bool and floating values are refused rather than truncated. Works under a trace."""
-    array = xp.asarray(value)
+    integers that fit int32, the width the engine computes in: bool and floating values are
+    refused rather than truncated, and larger values rather than wrapped. Works under a trace
+    (where the range is not known and not checked)."""
+    try:
+        host = np.asarray(value)            # concrete: lists, numpy and jax arrays
+    except Exception:                       # a traced value
+        host = None
+    if host is not None and host.dtype == object and host.size and all(is_int(v) for v in host.flat):
+        raise ValueError(f"{name} must lie in int32's range [{INT32_MIN}, {INT32_MAX}]; got values "
+                         f"up to {max(abs(int(v)) for v in host.flat)} in magnitude")
+    if host is not None and np.issubdtype(host.dtype, np.integer) and host.size and (
+            host.min() < INT32_MIN or host.max() > INT32_MAX):
+        raise ValueError(f"{name} must lie in int32's range [{INT32_MIN}, {INT32_MAX}]; got "
+                         f"[{host.min()}, {host.max()}]")
+    array = xp.asarray(value) if host is None or xp is not np else host
     if not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
     return array

@@ -188,8 +188,11 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
         registry.resolve("drafter_attention", kernels.drafter_attn)
     except ValueError as e:
         raise ValueError(f"drafter_attn_impl: {e}") from None
-    plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0,
-                sampling, _stop_tokens(stop_tokens), kernels)
+    stop = _stop_tokens(stop_tokens)
+    if any(not 0 <= t < tcfg.vocab_size for t in stop):
+        raise ValueError(f"stop_tokens must lie in the vocabulary [0, {tcfg.vocab_size}); got "
+                         f"{[t for t in stop if not 0 <= t < tcfg.vocab_size]}")
+    plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0, sampling, stop, kernels)
     lengths = np.array([len(p) for p in prompts], np.int32)
     if len(prompts) == 0 or np.any(lengths == 0):
         raise ValueError("prompts must be a non-empty list of non-empty token lists")
