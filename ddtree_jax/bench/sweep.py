@@ -15,6 +15,7 @@ from jax._src import xla_bridge
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
 from ddtree_jax import engine, serving
+from ddtree_jax.checks import check_int, is_int
 from ddtree_jax.bench import parity, sweep_io
 
 
@@ -46,6 +47,7 @@ def grid(cfg, pair_id: str) -> list[dict]:
         raise ValueError(f"config.timing_reps={cfg.timing_reps} and config.decode_loop={loop!r} set "
                          f"how static batches are timed; with config.requests={cfg.requests} "
                          f"serving.serve decodes once, with its own loop: leave them at 1 and 'auto'")
+    check_config(cfg)
     points = []
     device = dict(backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind)
     for temp in cfg.temperatures:
@@ -65,6 +67,29 @@ def grid(cfg, pair_id: str) -> list[dict]:
             points.append(dict(base, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
             points += [dict(base, method=m, budget=b) for m, b in methods]
     return points
+
+
+SWEEP_METHODS = ("ar", "dflash", "ddtree", "ddtree-auto")
+
+
+def check_config(cfg) -> None:
+    """ValueError naming the config field (config.methods, .streams, .budgets, .temperatures,
+    .max_new_tokens, .batches) whose value the sweep cannot run: an unknown method, an empty list,
+    a count below 1, a negative temperature."""
+    unknown = [m for m in cfg.methods if m not in SWEEP_METHODS]
+    if unknown or not cfg.methods:
+        raise ValueError(f"config.methods must name methods from {SWEEP_METHODS}; got "
+                         f"{tuple(cfg.methods)} ({unknown or 'empty'})")
+    for field, minimum, needed in (("streams", 1, True), ("budgets", 1, "ddtree" in cfg.methods)):
+        values = tuple(cfg[field])
+        if needed and (not values or not all(is_int(v) and v >= minimum for v in values)):
+            raise ValueError(f"config.{field} must be a non-empty list of ints >= {minimum}; got {values}")
+    temps = tuple(cfg.temperatures)
+    if not temps or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
+                            for t in temps):
+        raise ValueError(f"config.temperatures must be a non-empty list of numbers >= 0; got {temps}")
+    for field in ("max_new_tokens", "batches"):
+        check_int(f"config.{field}", cfg[field], 1)
 
 
 def ar_steps_per_call(cfg) -> int:

@@ -273,3 +273,20 @@ def test_a_point_that_is_not_lossless_is_refused(tmp_path, monkeypatch):
         sweep.run_point(target, drafter, prompts, points[1], sweep_io.ResultsLog(log.path), cfg)
     monkeypatch.setattr(parity, "TIE_REL", 2.0)       # every difference within a "near-tie"
     assert sweep.run_point(target, drafter, prompts, points[1], log, cfg)["greedy_ties"] == 1
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("methods", ("ar", "ddtre"), r"config.methods must name methods from .*\['ddtre'\]"),
+    ("methods", (), "config.methods must name methods"),
+    ("streams", (0,), r"config.streams must be a non-empty list of ints >= 1; got \(0,\)"),
+    ("streams", (), "config.streams must be a non-empty list"),
+    ("budgets", (4, "8"), "config.budgets must be a non-empty list of ints"),
+    ("temperatures", (-0.5,), "config.temperatures must be a non-empty list of numbers >= 0"),
+    ("max_new_tokens", 0, "config.max_new_tokens must be an int >= 1"),
+    ("batches", 0, "config.batches must be an int >= 1"),
+])
+def test_a_sweep_config_the_sweep_cannot_run_is_refused_by_field(field, value, words):
+    cfg = _load_config("sweep_default")
+    cfg[field] = value
+    with pytest.raises(ValueError, match=words):
+        sweep.grid(cfg, "pair")
