@@ -30,6 +30,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ddtree_jax import sharding
 from ddtree_jax.checks import check_int
@@ -83,7 +84,9 @@ def build_tree(draft_logits: jax.Array, budget: int, *, topk_impl: str = "auto")
     """draft_logits [S, L, V] -> Tree of the `budget` best prefixes (see the module docstring).
 
     topk_impl names the kernel implementation of the top-K and of the tree search. Non-finite
-    logits are rejected when the array is concrete (not under a trace).
+    logits are rejected when the array is concrete; under a trace, a stream whose logits hold NaN
+    or +inf gets an empty tree (num_nodes 0, every node padding), so its step verifies no draft
+    token and stays lossless.
     """
     check_int("budget", budget, 1)
     _check_logits(draft_logits, "draft_logits")
@@ -107,9 +110,34 @@ def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
     else:
         vals, tok, lse = sharding.topk_logsumexp(registry.get("topk_logsumexp", impl), flat, K)
         lse = lse.reshape(S, L)
-    fields = registry.get("tree_search", impl)(vals.reshape(S, L, K), tok.reshape(S, L, K), lse,
-                                               budget)
+    # a row holding NaN or +inf has a non-finite logsumexp (the same pass over x, no extra read)
+    vals = vals.reshape(S, L, K)
+    bad = None if lse is None else ~jnp.all(jnp.isfinite(lse), axis=1)          # [S]
+    if bad is not None:
+        lse = jnp.where(bad[:, None], 0.0, lse)
+        vals = jnp.where(bad[:, None, None], 0.0, vals)
+    fields = registry.get("tree_search", impl)(vals, tok.reshape(S, L, K), lse, budget)
+    if bad is not None:   # such a stream gets an empty tree: every node padding
+        fields = _empty_where(fields, bad)
     return Tree(**fields, max_depth=L)  # fields' num_nodes = num_real_nodes(L, V, budget)
+
+
+def _empty_where(fields: dict, empty) -> dict:
+    """Tree fields with the streams where `empty` [S] holds made trees of no real node (every
+    node padding: token 0, depth 0, parent -1, seen by and seeing only itself)."""
+    n = fields["parents"].shape[1]
+    eye = np.eye(n, dtype=bool)[None]                     # constants: no extra pass at run time
+    eye_mask = np.zeros((1, n, -(-n // 32)), np.uint32)   # pack_bits(eye): bit i of row i
+    eye_mask[0, np.arange(n), np.arange(n) // 32] = np.uint32(1) << (np.arange(n) % 32).astype(np.uint32)
+    eye_mask = eye_mask.view(np.int32)
+    rows, cube = empty[:, None], empty[:, None, None]
+    return dict(fields, tokens=jnp.where(rows, 0, fields["tokens"]),
+                depths=jnp.where(rows, 0, fields["depths"]),
+                parents=jnp.where(rows, -1, fields["parents"]),
+                num_nodes=jnp.where(empty, 0, fields["num_nodes"]),
+                visibility=jnp.where(cube, eye, fields["visibility"]),
+                node_mask=jnp.where(cube, eye_mask, fields["node_mask"]),
+                scores=jnp.where(rows, -jnp.inf, fields["scores"]))
 
 
 def follow_tree(tree: Tree, posterior: jax.Array):

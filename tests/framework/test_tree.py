@@ -215,3 +215,23 @@ def test_bad_posterior():
         T.follow_tree(tree, jnp.zeros((2, 5), jnp.int32))
     with pytest.raises(ValueError, match="posterior"):
         T.follow_tree(tree, jnp.zeros((2, 6), jnp.float32))
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+def test_a_stream_with_non_finite_logits_gets_an_empty_tree_under_jit(impl):
+    """Under jit build_tree cannot raise: a stream whose logits hold NaN or +inf gets a tree of
+    padding only (no draft token verified, so the step stays lossless); the others are unchanged."""
+    rng = np.random.default_rng(int(np.random.SeedSequence().generate_state(1)[0]))
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    want = T.build_tree(jnp.asarray(x), 6, topk_impl=impl)
+    x[0, 2, 5], x[2, 0, 1] = np.nan, np.inf
+    got = jax.jit(lambda v: T.build_tree(v, 6, topk_impl=impl))(jnp.asarray(x))
+    assert np.asarray(got.num_nodes).tolist() == [0, int(want.num_nodes[1]), 0]
+    for s in (0, 2):
+        assert not np.asarray(got.tokens[s]).any() and not np.asarray(got.depths[s]).any()
+        assert (np.asarray(got.parents[s]) == -1).all()
+        np.testing.assert_array_equal(np.asarray(got.visibility[s]), np.eye(7, dtype=bool))
+    for f in ("tokens", "depths", "parents", "visibility", "node_mask"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, f))[1], np.asarray(getattr(want, f))[1])
+    acc, n, _ = T.follow_tree(got, jnp.zeros((3, 7), jnp.int32))
+    assert np.asarray(n).tolist()[0] == 1 and np.asarray(n).tolist()[2] == 1
