@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import flax.struct
 import jax
@@ -168,26 +169,47 @@ class Setup:
     max_steps: int
 
 
+# the kernel operations each Kernels field picks the implementation of
+_KERNEL_OPS = {"attn": ("mla_attention",), "moe": ("moe_experts",),
+               "topk": ("topk_logsumexp", "tree_search", "tree_accept"),
+               "drafter_attn": ("drafter_attention", "drafter_qkv")}
+
+
+def _check_pair(name: str, pair, config_type) -> None:
+    """ValueError naming `name` unless `pair` is a (config_type, params dict) pair."""
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], config_type)
+            and isinstance(pair[1], Mapping)):
+        got = (f"a {type(pair).__name__} of {len(pair)}" if isinstance(pair, (tuple, list))
+               else type(pair).__name__)
+        raise ValueError(f"{name} must be a ({config_type.__name__}, params) pair, as "
+                         f"load_{name} returns; got {got}")
+
+
 def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
           sampling: Sampling | None = None, stop_tokens=(), max_len=None,
           kernels: Kernels | None = None, **aliases) -> Setup:
     """Validate a generate call (see `generate`) and lay out its inputs. sampling, kernels and
     their keyword aliases (temperature=..., attn_impl=...) as `resolve_options` takes them."""
     sampling, kernels, _ = resolve_options(sampling, kernels, **aliases)
+    _check_pair("target", target, ModelConfig)
     tcfg = target[0]
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    dcfg = drafter[0] if (drafter is not None and method != "ar") else None
+    dcfg = None
     if method != "ar":
-        if dcfg is None:
+        if drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (config, params)")
+        _check_pair("drafter", drafter, DrafterConfig)
+        dcfg = drafter[0]
         dcfg.check_target(tcfg)
     if method == "ddtree":
         check_int("budget", budget, 1)
-    try:
-        registry.resolve("drafter_attention", kernels.drafter_attn)
-    except ValueError as e:
-        raise ValueError(f"drafter_attn_impl: {e}") from None
+    for alias, field in Kernels.ALIASES.items():
+        for op in _KERNEL_OPS.get(field, ()):
+            try:
+                registry.resolve(op, getattr(kernels, field))
+            except ValueError as e:
+                raise ValueError(f"{alias}={getattr(kernels, field)!r}: {e}") from None
     stop = _stop_tokens(stop_tokens)
     if any(not 0 <= t < tcfg.vocab_size for t in stop):
         raise ValueError(f"stop_tokens must lie in the vocabulary [0, {tcfg.vocab_size}); got "

@@ -31,3 +31,25 @@ def test_a_forward_refuses_token_ids_beyond_int32(target):
     cfg, params = target
     with pytest.raises(ValueError, match="tokens must lie in int32's range"):
         dj.target_logits(params, cfg, [[1, 2**33]])
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    dcfg = dj.DrafterConfig.for_target(target[0], block_size=4)
+    return dcfg, dj.init_drafter(dcfg, jax.random.key(1))
+
+
+@pytest.mark.parametrize("which, kwargs, words", [
+    ("target_params", {}, r"target must be a \(ModelConfig, params\) pair, as load_target returns; got dict"),
+    ("drafter_short", {}, r"drafter must be a \(DrafterConfig, params\) pair, .* got a tuple of 1"),
+    ("swapped", {}, r"target must be a \(ModelConfig, params\) pair"),
+    ("ok", dict(attn_impl="triton"), r"attn_impl='triton': kernel operation 'mla_attention' has no implementation"),
+    ("ok", dict(moe_impl="mosaic_gpu"), r"moe_impl='mosaic_gpu': kernel operation 'moe_experts'"),
+    ("ok", dict(topk_impl="triton"), r"topk_impl='triton': kernel operation 'topk_logsumexp'"),
+    ("ok", dict(drafter_attn_impl="mosaic_gpu"), r"drafter_attn_impl='mosaic_gpu'"),
+])
+def test_generate_names_a_bad_pair_or_kernel_argument(target, drafter, which, kwargs, words):
+    t, d = {"target_params": (target[1], drafter), "drafter_short": (target, drafter[:1]),
+            "swapped": (drafter, target), "ok": (target, drafter)}[which]
+    with pytest.raises(ValueError, match=words):
+        dj.generate(t, d, [[1, 2]], max_new_tokens=2, stage_reps=0, **kwargs)
