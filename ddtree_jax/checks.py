@@ -24,10 +24,15 @@ def integer_array(name: str, value, xp=np):
     integers that fit int32, the width the engine computes in: bool and floating values are
     refused rather than truncated, and larger values rather than wrapped. Works under a trace
     (where the range is not known and not checked)."""
-    try:
-        host = np.asarray(value)            # concrete: lists, numpy and jax arrays
-    except Exception:                       # a traced value
-        host = None
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and (np.issubdtype(dtype, np.signedinteger) and np.dtype(dtype).itemsize <= 4
+                              or np.issubdtype(dtype, np.unsignedinteger) and np.dtype(dtype).itemsize <= 2):
+        host = None                         # fits int32 by its type: no copy to the host
+    else:
+        try:
+            host = np.asarray(value)        # concrete: lists, numpy and jax arrays
+        except Exception:                   # a traced value
+            host = None
     if host is not None and host.dtype == object and host.size and all(is_int(v) for v in host.flat):
         raise ValueError(f"{name} must lie in int32's range [{INT32_MIN}, {INT32_MAX}]; got values "
                          f"up to {max(abs(int(v)) for v in host.flat)} in magnitude")

@@ -52,13 +52,25 @@ class Kernels:
     ALIASES = {"attn_impl": "attn", "moe_impl": "moe", "topk_impl": "topk",
                "drafter_attn_impl": "drafter_attn", "attn_balance": "attn_balance"}
 
+    # the kernel operations each field picks the implementation of
+    OPERATIONS = {"attn": ("mla_attention",), "moe": ("moe_experts",),
+                  "topk": ("topk_logsumexp", "tree_search", "tree_accept"),
+                  "drafter_attn": ("drafter_attention", "drafter_qkv")}
+
     def __post_init__(self):
-        from pallas_kernels.registry import IMPLS
+        from pallas_kernels import registry
         for alias, f in self.ALIASES.items():
             value = getattr(self, f)
-            if f != "attn_balance" and value != "auto" and value not in IMPLS:
-                raise ValueError(f"Kernels.{f} ({alias}) must be 'auto' or one of {IMPLS}; "
+            if f == "attn_balance" or value == "auto":
+                continue
+            if value not in registry.IMPLS:
+                raise ValueError(f"Kernels.{f} ({alias}) must be 'auto' or one of {registry.IMPLS}; "
                                  f"got {value!r}")
+            for op in self.OPERATIONS[f]:
+                try:
+                    registry.resolve(op, value)
+                except ValueError as e:
+                    raise ValueError(f"{alias}={value!r}: {e}") from None
         if not isinstance(self.attn_balance, bool):
             raise ValueError(f"Kernels.attn_balance must be a bool; got {self.attn_balance!r}")
 

@@ -28,6 +28,7 @@ import tempfile
 
 import jax
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 REQUIRED = ("benchmark", "command", "commit", "date", "device", "versions", "ceilings", "rows")
 _VERSIONED = ("jax", "jaxlib", "triton", "jax_triton", "torch")
 
@@ -35,7 +36,7 @@ _VERSIONED = ("jax", "jaxlib", "triton", "jax_triton", "torch")
 def git_commit(root: str | None = None) -> str:
     """HEAD's hash (+dirty when tracked files differ), or $DDTREE_COMMIT where git has no repository
     (a copied tree), or "unknown"."""
-    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = root or ROOT
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True, timeout=10).stdout.strip()
@@ -71,9 +72,8 @@ def device_info() -> dict:
 def run_info(benchmark: str, argv: list[str] | None = None) -> dict:
     """The record's header for a run of `benchmark` started by `argv` (default sys.argv)."""
     argv = list(sys.argv if argv is None else argv)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if argv and os.path.isabs(argv[0]) and argv[0].startswith(root + os.sep):
-        argv[0] = os.path.relpath(argv[0], root)
+    if argv and os.path.isabs(argv[0]) and argv[0].startswith(ROOT + os.sep):
+        argv[0] = os.path.relpath(argv[0], ROOT)
     return {"benchmark": benchmark,
             "command": shlex.join(["python3"] + argv),
             "commit": git_commit(),

@@ -19,9 +19,8 @@ import sys
 import tempfile
 from typing import Callable, Sequence
 
-from ddtree_jax.bench.record import load_result
+from ddtree_jax.bench.record import ROOT, load_result
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS_DIR = os.path.join(ROOT, "results")
 REPORT = os.path.join(ROOT, "BENCHMARKS.md")
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ddtree_jax.engine.state import DECODE_LOOPS, EngineState, Plan, Setup, copy_tree
+from ddtree_jax.engine.state import DECODE_LOOPS, EngineState, Plan, Setup, copy_tree, default_lag
 from ddtree_jax.engine.step import _step_and_flag, decode_steps, tokens_left
 
 
@@ -149,12 +149,12 @@ def run_decode(call, tparams, dparams, state: EngineState, su: Setup, steps_per_
     """One decode from the prefilled `state` with `call` (compile_decode's), as `generate` runs
     it: "device", the one call; "host", `decode`, told the counts before the first step and, for
     ar without stop tokens, the exact steps, so it reads no device array at all. pace: None paces
-    only with several steps per call (see `decode`); max_lag: None, max(1, 3 // steps_per_call)."""
+    only with several steps per call (see `decode`); max_lag: None, `default_lag`."""
     if loop == "device":
         return call(tparams, dparams, state)
     left0 = initial_left(su)
     return decode(call, tparams, dparams, state, -(-su.max_steps // steps_per_call),
-                  max_lag=max(1, 3 // steps_per_call) if max_lag is None else max_lag,
+                  max_lag=default_lag(steps_per_call) if max_lag is None else max_lag,
                   steps_per_call=steps_per_call,
                   pace=steps_per_call > 1 if pace is None else pace, left0=left0,
                   known_steps=exact_steps(su.plan, left0))

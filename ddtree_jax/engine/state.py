@@ -16,7 +16,6 @@ from ddtree_jax import sharding
 from ddtree_jax.checks import check_int, integer_array
 from ddtree_jax.config import DrafterConfig, Kernels, ModelConfig
 from ddtree_jax.sampling import Sampling
-from pallas_kernels import registry
 
 
 METHODS = ("ar", "dflash", "ddtree")
@@ -110,8 +109,13 @@ class Decoding:
 
     @property
     def lag(self) -> int:
-        """The host loop's lag in calls (max_lag, or its default)."""
-        return max(1, 3 // self.steps_per_call) if self.max_lag is None else self.max_lag
+        """The host loop's lag in calls (max_lag, or `default_lag`)."""
+        return default_lag(self.steps_per_call) if self.max_lag is None else self.max_lag
+
+
+def default_lag(steps_per_call: int) -> int:
+    """Calls the host loop lets run ahead of its reads by default: about 3 steps' worth, at least 1."""
+    return max(1, 3 // steps_per_call)
 
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
@@ -169,12 +173,6 @@ class Setup:
     max_steps: int
 
 
-# the kernel operations each Kernels field picks the implementation of
-_KERNEL_OPS = {"attn": ("mla_attention",), "moe": ("moe_experts",),
-               "topk": ("topk_logsumexp", "tree_search", "tree_accept"),
-               "drafter_attn": ("drafter_attention", "drafter_qkv")}
-
-
 def _check_pair(name: str, pair, config_type) -> None:
     """ValueError naming `name` unless `pair` is a (config_type, params dict) pair."""
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], config_type)
@@ -204,12 +202,6 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
         dcfg.check_target(tcfg)
     if method == "ddtree":
         check_int("budget", budget, 1)
-    for alias, field in Kernels.ALIASES.items():
-        for op in _KERNEL_OPS.get(field, ()):
-            try:
-                registry.resolve(op, getattr(kernels, field))
-            except ValueError as e:
-                raise ValueError(f"{alias}={getattr(kernels, field)!r}: {e}") from None
     stop = _stop_tokens(stop_tokens)
     if any(not 0 <= t < tcfg.vocab_size for t in stop):
         raise ValueError(f"stop_tokens must lie in the vocabulary [0, {tcfg.vocab_size}); got "
