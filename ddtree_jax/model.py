@@ -125,8 +125,17 @@ class ForwardOut:
     taps: jnp.ndarray     # [S, T, len(taps) * d]
 
 
-def route(logits, bias, cfg: ModelConfig):
-    """noaux_tc router: logits [T, E] float32 -> (ids [T, k] int32, weights [T, k] float32)."""
+def router_logits(x, kernel):
+    """x [T, d], router kernel [d, E] -> float32 logits [T, E] at full float32 precision: a TF32 or
+    bf16-pass product moves scores by ~1e-3, enough to flip a near-tied expert choice."""
+    return jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST)
+
+
+def route_choice(logits, bias, cfg: ModelConfig):
+    """noaux_tc selection scores: logits [T, E] float32 -> (scores = sigmoid(logits), choice =
+    scores + bias with experts outside the kept groups at -inf), both [T, E]. The top
+    num_experts_per_tok of `choice` are the token's experts."""
     scores = jax.nn.sigmoid(logits)
     choice = scores + bias.astype(jnp.float32)
     if cfg.n_group > 1:
@@ -137,6 +146,12 @@ def route(logits, bias, cfg: ModelConfig):
             jnp.arange(choice.shape[0])[:, None], keep].set(True)
         choice = jnp.where(jnp.repeat(group_mask, choice.shape[1] // cfg.n_group, axis=1),
                            choice, -jnp.inf)
+    return scores, choice
+
+
+def route(logits, bias, cfg: ModelConfig):
+    """noaux_tc router: logits [T, E] float32 -> (ids [T, k] int32, weights [T, k] float32)."""
+    scores, choice = route_choice(logits, bias, cfg)
     _, ids = jax.lax.top_k(choice, cfg.num_experts_per_tok)
     weights = jnp.take_along_axis(scores, ids, axis=1)
     if cfg.norm_topk_prob:
@@ -173,7 +188,7 @@ class MoE(nn.Module):
         gate, bias = Router(d, e, self.param_dtype, name="gate")()
         experts = self.param("experts", functools.partial(init_experts, cfg, dtype=self.param_dtype))
         xt = x.reshape(-1, d)
-        ids, weights = route(xt.astype(jnp.float32) @ gate.astype(jnp.float32), bias, cfg)
+        ids, weights = route(router_logits(xt, gate), bias, cfg)
         routed = sharding.moe_experts(registry.get("moe_experts", self.kernels.moe), xt, ids, weights, experts)
         out = routed.reshape(x.shape).astype(x.dtype)
         if cfg.n_shared_experts:
@@ -441,6 +456,38 @@ def _causal_logits(params, cfg, tokens, attn_mode, kernels):
     out = forward(params, cfg, tokens, positions, init_cache(cfg, s, t, dtype), attn_mode=attn_mode,
                   kernels=kernels)
     return out.logits
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _routing_choices(params, cfg, tokens):
+    s, t = tokens.shape
+    dtype = jax.tree_util.tree_leaves(params["embed_tokens"])[0].dtype
+    cache = init_cache(cfg, s, t, dtype)
+    _, state = Decoder(cfg, dtype, Kernels(attn="xla", moe="xla")).apply(
+        {"params": params}, tokens, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (s, t)),
+        cache.kv, cache.lengths, jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (s, t, t)),
+        jnp.full((s,), t, jnp.int32), (), "naive",
+        capture_intermediates=lambda mdl, _: mdl.name == "post_attention_layernorm",
+        mutable=["intermediates"])
+    out = {}
+    for i in range(cfg.num_hidden_layers):
+        if cfg.is_moe_layer(i):
+            y = state["intermediates"][f"layers_{i}"]["post_attention_layernorm"]["__call__"][0]
+            gate = params[f"layers_{i}"]["mlp"]["gate"]
+            logits = router_logits(y.reshape(s * t, -1), gate["kernel"])
+            out[i] = route_choice(logits, gate["e_score_correction_bias"], cfg)[1].reshape(s, t, -1)
+    return out
+
+
+def routing_choices(params, cfg: ModelConfig, tokens) -> dict[int, jax.Array]:
+    """Plain causal forward (xla kernels) of tokens [B, T] -> {layer: choice [B, T, E] float32} for
+    every MoE layer: the selection scores (`route_choice`) whose top num_experts_per_tok are each
+    token's experts. The gap between a token's k-th and (k+1)-th score is how near its expert
+    set is to a tie (`ddtree_jax.bench.parity` judges differences of greedy tokens by it)."""
+    tokens = integer_array("tokens", tokens, jnp).astype(jnp.int32)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    return _routing_choices(params, cfg, tokens)
 
 
 def target_logits(params, cfg: ModelConfig, tokens, *, attn_mode: str = "naive",

@@ -154,8 +154,7 @@ def _normal(key, *, shape, dtype, logical):
 def _routed_tokens(key, router, *, cfg, tokens: int, dtype):
     """Random MoE inputs x [T, d] and their routing by `router` (a layer's mlp/gate params)."""
     x = sharding.constrain(jax.random.normal(key, (tokens, cfg.hidden_size), dtype), ("streams", None))
-    ids, w = tgt.route(x.astype(jnp.float32) @ router["kernel"].astype(jnp.float32),
-                       router["e_score_correction_bias"], cfg)
+    ids, w = tgt.route(tgt.router_logits(x, router["kernel"]), router["e_score_correction_bias"], cfg)
     return x, sharding.constrain(ids, ("streams", None)), sharding.constrain(w, ("streams", None))
 
 

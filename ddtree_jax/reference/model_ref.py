@@ -91,30 +91,34 @@ def swiglu_mlp(x, gate_kernel, up_kernel, down_kernel) -> np.ndarray:
     return (silu(x @ _f64(gate_kernel)) * (x @ _f64(up_kernel))) @ _f64(down_kernel)
 
 
+def router_choice(x, gate_kernel, bias, cfg) -> np.ndarray:
+    """noaux_tc selection scores: x [T, d] -> sigmoid(x @ gate_kernel) + bias [T, E], experts
+    outside the kept groups at -inf; a token's experts are its top num_experts_per_tok."""
+    b = sigmoid(_f64(x) @ _f64(gate_kernel)) + _f64(bias)
+    E = cfg.n_routed_experts
+    per_group = E // cfg.n_group
+    if cfg.n_group > 1:
+        for t in range(b.shape[0]):
+            group_score = [sum(sorted(b[t, g * per_group:(g + 1) * per_group])[-2:])
+                           for g in range(cfg.n_group)]
+            kept = np.argsort(-np.asarray(group_score), kind="stable")[:cfg.topk_group]
+            b[t] = np.where(np.isin(np.arange(E) // per_group, kept), b[t], -np.inf)
+    return b
+
+
 def router(x, gate_kernel, bias, cfg) -> tuple[np.ndarray, np.ndarray]:
     """noaux_tc: x [T, d], gate_kernel [d, E], bias [E] -> (ids [T, k] int64, weights [T, k]).
 
     ids are ordered by descending biased score, ties to the lower expert id.
     """
     s_all = sigmoid(_f64(x) @ _f64(gate_kernel))
-    bias = _f64(bias)
-    E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    per_group = E // cfg.n_group
-    ids = np.zeros((s_all.shape[0], k), np.int64)
-    weights = np.zeros((s_all.shape[0], k))
-    for t, s in enumerate(s_all):
-        b = s + bias
-        if cfg.n_group > 1:
-            group_score = [sum(sorted(b[g * per_group:(g + 1) * per_group])[-2:])
-                           for g in range(cfg.n_group)]
-            kept = np.argsort(-np.asarray(group_score), kind="stable")[:cfg.topk_group]
-            b = np.where(np.isin(np.arange(E) // per_group, kept), b, -np.inf)
-        top = np.argsort(-b, kind="stable")[:k]
-        w = s[top]
-        if cfg.norm_topk_prob:
-            w = w / (w.sum() + 1e-20)
-        ids[t], weights[t] = top, w * cfg.routed_scaling_factor
-    return ids, weights
+    choice = router_choice(x, gate_kernel, bias, cfg)
+    k = cfg.num_experts_per_tok
+    ids = np.argsort(-choice, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(s_all, ids, axis=1)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
+    return ids.astype(np.int64), w * cfg.routed_scaling_factor
 
 
 def moe_layer(x, mlp_params, cfg, experts_hf) -> np.ndarray:
@@ -189,7 +193,7 @@ def mla_attention(x, attn_params, positions, cache_latent, cache_len, visibility
 # ---- decoder -------------------------------------------------------------------------------
 
 def decoder_forward(params, cfg, tokens, positions=None, cache=None, visibility=None, taps=(),
-                    experts_hf=None):
+                    experts_hf=None, choices: dict | None = None):
     """Whole target forward.
 
     tokens [S, T]; positions [S, T] (None: lengths[s] + arange(T)); cache None or
@@ -197,6 +201,7 @@ def decoder_forward(params, cfg, tokens, positions=None, cache=None, visibility=
     None (causal); taps: 0-based layer ids; experts_hf: {layer: dict(gate, up, down)} for MoE
     layers. Returns (logits [S, T, V], new_latents [L] of [S, T, latent],
     taps [S, T, len(taps) * d], the output of each tapped layer in the order given).
+    choices: a dict that receives {layer: router_choice [S, T, E]} for every MoE layer.
     """
     tokens = np.asarray(tokens)
     S, T = tokens.shape
@@ -222,6 +227,9 @@ def decoder_forward(params, cfg, tokens, positions=None, cache=None, visibility=
             if experts_hf is None or i not in experts_hf:
                 raise ValueError(f"decoder_forward: experts_hf has no entry for MoE layer {i}")
             m = moe_layer(hn.reshape(S * T, -1), mlp, cfg, experts_hf[i]).reshape(h.shape)
+            if choices is not None:
+                choices[i] = router_choice(hn.reshape(S * T, -1), mlp["gate"]["kernel"],
+                                           mlp["gate"]["e_score_correction_bias"], cfg).reshape(S, T, -1)
         else:
             m = swiglu_mlp(hn, mlp["gate_proj"]["kernel"], mlp["up_proj"]["kernel"],
                            mlp["down_proj"]["kernel"])

@@ -59,6 +59,8 @@ CASES = {
     "two_words_bf16": (2, 37, 2, 24, 16, 120, [83, 1], ["bushy", "star"], jnp.bfloat16),
     "single_node": (2, 1, 3, 24, 16, 70, [69, 0], ["chain"], jnp.float32),
     "k2_heads": (1, 3, 8, 576, 512, 100, [97], ["bushy"], jnp.bfloat16),
+    # the shipped pair's verify at budget 55 (two mask words, a 64 + 16 latent)
+    "pair_budget55": (1, 56, 4, 80, 64, 184, [108], ["bushy"], jnp.bfloat16),
 }
 
 
@@ -88,7 +90,7 @@ def test_matches_golden(impl, case):
 
 
 @pytest.mark.parametrize("impl", runnable_impls("mla_attention"))
-@pytest.mark.parametrize("case", ["bushy_ragged", "two_words_bf16"])
+@pytest.mark.parametrize("case", ["bushy_ragged", "two_words_bf16", "pair_budget55"])
 def test_heads_first_layout(impl, case):
     """q [S,H,Q,Dk] with heads_first=True gives the [S,H,Q,v] transpose of the golden: rows are
     (head, node) pairs, each node keeping its own mask row."""
