@@ -4,7 +4,8 @@ One forward serves prefill, chain verify and tree verify: it takes S streams of 
 their positions and the visibility of the new tokens among themselves, attends against an explicit
 per-stream MLA latent cache, and returns float32 logits, the updated cache and the hidden states
 after the requested layers (the drafter's taps). Params are the plain pytree of docs/INTERFACES.md;
-the routed experts and the attention over the cache go through the `pallas_kernels` registry.
+the routed experts and the attention over the cache go through the `pallas_kernels` operations
+(`Kernels` picks each one's implementation).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from ddtree_jax import rope
 from ddtree_jax import sharding
 from ddtree_jax.checks import integer_array
 from ddtree_jax.config import Kernels, ModelConfig
-from pallas_kernels import registry
 from pallas_kernels import moe as moe_kernels
 from pallas_kernels import mla_attention as mla_kernels
 
@@ -189,7 +189,8 @@ class MoE(nn.Module):
         experts = self.param("experts", functools.partial(init_experts, cfg, dtype=self.param_dtype))
         xt = x.reshape(-1, d)
         ids, weights = route(router_logits(xt, gate), bias, cfg)
-        routed = sharding.moe_experts(registry.get("moe_experts", self.kernels.moe), xt, ids, weights, experts)
+        routed = sharding.moe_experts(functools.partial(moe_kernels.moe_experts, impl=self.kernels.moe),
+                                      xt, ids, weights, experts)
         out = routed.reshape(x.shape).astype(x.dtype)
         if cfg.n_shared_experts:
             out = out + SwiGLU(d, cfg.n_shared_experts * cfg.moe_intermediate_size, self.param_dtype,
@@ -270,7 +271,7 @@ class MLA(nn.Module):
             # The latent and rope parts go in apart: concatenated, the [S, H, T, Dk] query costs XLA
             # a slow transpose fusion.
             q_lat = jnp.einsum("sthn,lhn->shtl", q_nope, w_uk)
-            attend = functools.partial(registry.get("mla_attention", self.kernels.attn),
+            attend = functools.partial(mla_kernels.mla_attention, impl=self.kernels.attn,
                                        scale=cfg.softmax_scale, v_dim=lora, heads_first=True,
                                        balance=self.kernels.attn_balance)
             o_lat = sharding.attention(attend, q_lat, kv, lengths, mla_kernels.visibility_to_mask(vis),

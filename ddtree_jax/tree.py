@@ -36,7 +36,8 @@ from ddtree_jax import sharding
 from ddtree_jax.checks import check_int
 from pallas_kernels import registry
 from pallas_kernels.tree_accept.xla import walk
-from pallas_kernels.tree_search import num_real_nodes
+from pallas_kernels.topk import topk, topk_logsumexp
+from pallas_kernels.tree_search import num_real_nodes, tree_search
 from pallas_kernels.tree_search.xla import LOGP_FLOOR, ancestors, pack_bits
 
 __all__ = ["LOGP_FLOOR", "Tree", "ancestors", "build_tree", "build_tree_from_logprobs",
@@ -106,9 +107,9 @@ def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
     K = min(budget, V)
     flat = x.reshape(S * L, V)  # in its own dtype: the top-K reads bf16 logits as they are
     if given_logprobs:
-        (vals, tok), lse = registry.get("topk", impl)(flat, K), None
+        (vals, tok), lse = topk(flat, K, impl=impl), None
     else:
-        vals, tok, lse = sharding.topk_logsumexp(registry.get("topk_logsumexp", impl), flat, K)
+        vals, tok, lse = sharding.topk_logsumexp(functools.partial(topk_logsumexp, impl=impl), flat, K)
         lse = lse.reshape(S, L)
     # a row holding NaN or +inf has a non-finite logsumexp (the same pass over x, no extra read)
     vals = vals.reshape(S, L, K)
@@ -116,7 +117,7 @@ def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
     if bad is not None:
         lse = jnp.where(bad[:, None], 0.0, lse)
         vals = jnp.where(bad[:, None, None], 0.0, vals)
-    fields = registry.get("tree_search", impl)(vals, tok.reshape(S, L, K), lse, budget)
+    fields = tree_search(vals, tok.reshape(S, L, K), lse, budget, impl=impl)
     if bad is not None:   # such a stream gets an empty tree: every node padding
         fields = _empty_where(fields, bad)
     return Tree(**fields, max_depth=L)  # fields' num_nodes = num_real_nodes(L, V, budget)

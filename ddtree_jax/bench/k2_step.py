@@ -26,7 +26,8 @@ from ddtree_jax.bench import parity
 from ddtree_jax.bench.timing import GpuClocks, markdown_table, median_seconds
 from ddtree_jax.drafter import DrafterCache
 from ddtree_jax.sampling import Sampling
-from pallas_kernels import registry
+from pallas_kernels.mla_attention import mla_attention
+from pallas_kernels.moe import moe_experts
 
 
 _STD = 0.02           # random weights' standard deviation (the model's init)
@@ -160,13 +161,13 @@ def _routed_tokens(key, router, *, cfg, tokens: int, dtype):
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _attention_part(q, kv, lengths, node_mask, *, cfg):
-    fn = functools.partial(registry.get("mla_attention"), scale=cfg.softmax_scale, v_dim=cfg.kv_lora_rank)
+    fn = functools.partial(mla_attention, scale=cfg.softmax_scale, v_dim=cfg.kv_lora_rank)
     return sharding.attention(fn, q, kv, lengths, node_mask)
 
 
 @jax.jit
 def _moe_part(x, ids, weights, experts):
-    return sharding.moe_experts(registry.get("moe_experts"), x, ids, weights, experts)
+    return sharding.moe_experts(moe_experts, x, ids, weights, experts)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

@@ -5,6 +5,7 @@ numbers on 8 RTX PRO 6000, and the measured verify-step parts of a target preset
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -17,8 +18,8 @@ from ddtree_jax.bench import sweep_io
 from ddtree_jax.bench import timing
 from ddtree_jax.bench.timing import median_seconds, stream_contexts
 from ddtree_jax.model import aligned_slots
-from pallas_kernels import registry
-from pallas_kernels.mla_attention import visibility_to_mask
+from pallas_kernels.mla_attention import mla_attention, visibility_to_mask
+from pallas_kernels.moe import moe_experts
 
 
 # Published Kimi K2.6 numbers on 8 RTX PRO 6000 Blackwell
@@ -106,8 +107,9 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
     experts = params[f"layers_{moe_layers[0]}"]["mlp"]["experts"]
     head = params["lm_head"]["kernel"]
     dk, h = cfg.latent_dim, cfg.num_attention_heads
-    attend, moe = registry.get("mla_attention"), registry.get("moe_experts")
-    attend_xla, moe_xla = registry.get("mla_attention", "xla"), registry.get("moe_experts", "xla")
+    attend, moe = mla_attention, moe_experts
+    attend_xla = functools.partial(mla_attention, impl="xla")
+    moe_xla = functools.partial(moe_experts, impl="xla")
     if ceilings:    # the roofline's H200 with this run's measured copy and matmul rates
         gpu = dataclasses.replace(rf.GPUS["H200"], copy_tbs=ceilings["copy_tbps"],
                                   bf16_tflops=max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]))
