@@ -102,6 +102,7 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     plan, tparams = su.plan, target[1]
     dparams = drafter[1] if plan.dcfg is not None else None
     n, s = len(prompts), min(int(streams), len(prompts))
+    engine.check_memory(plan, s, su.max_len, tparams)
     # Global step columns of `accept`: a request is active <= max_new steps, a slot idles <= lag + 1
     # calls between two requests, and the loop ends <= lag calls after the last one is done.
     max_steps = int(su.max_new.sum()) + (n + 1) * (lag + 1) * steps_per_call

@@ -92,7 +92,7 @@ def make_mesh(shape: MeshConfig | Sequence[int], devices=None) -> Mesh:
 
 # ---- rules -> PartitionSpecs --------------------------------------------------------------------
 
-def _current_mesh():
+def current_mesh():
     """The mesh set by `jax.set_mesh`, or None."""
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh.empty else mesh
@@ -108,7 +108,7 @@ def _mesh_axes(name, dim: int, sizes: dict) -> tuple[str, ...]:
 def spec(logical: Sequence[str | None], shape: Sequence[int], mesh=None) -> P:
     """PartitionSpec for an array of `shape` whose dims are the logical axes `logical`
     (mesh: a Mesh or AbstractMesh; default the current one; none at all: fully replicated)."""
-    mesh = mesh if mesh is not None else _current_mesh()
+    mesh = mesh if mesh is not None else current_mesh()
     if len(logical) != len(shape):
         raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
     sizes = dict(mesh.shape) if mesh is not None else {}
@@ -175,7 +175,7 @@ def place_experts(prepare: Callable, stacks: Sequence[np.ndarray], path: str, me
 
 def constrain(x, logical: Sequence[str | None]):
     """with_sharding_constraint by logical axes under the current mesh; x itself without one."""
-    mesh = _current_mesh()
+    mesh = current_mesh()
     return x if mesh is None else jax.lax.with_sharding_constraint(x, spec(logical, x.shape, mesh))
 
 
@@ -193,7 +193,7 @@ def _shard_offset(axes: tuple[str, ...], local_size: int):
 def vocab_embed(table, tokens):
     """table [V, d], tokens int [S, ...] -> table[tokens] [S, ..., d]. Vocabulary-parallel under a
     mesh: each shard looks up the tokens it holds (zeros elsewhere) and a psum combines."""
-    mesh = _current_mesh()
+    mesh = current_mesh()
     vocab = _single(spec(("vocab", None), table.shape, mesh)[0]) if mesh is not None else ()
     if not vocab:
         return table[tokens]
@@ -214,7 +214,7 @@ def attention(fn: Callable, q, kv, lengths, node_mask, heads_first: bool = False
     (the "mla_attention" op, scale and v_dim bound), run per (stream, head) shard under a mesh;
     heads_first: q and the output are [S,H,Q,.]; q_rope (optional, q's layout): the query's rope
     part given apart from its latent part q."""
-    mesh = _current_mesh()
+    mesh = current_mesh()
     axes = ("streams", "heads", None, None) if heads_first else ("streams", None, "heads", None)
     qspec = spec(axes, q.shape, mesh)
     call = lambda q_, kv_, lens_, mask_, rope_: fn(q_, kv_, lens_, mask_, q_rope=rope_)
@@ -230,7 +230,7 @@ def per_stream(fn: Callable, *args):
     """fn(*args) for an operation whose streams are independent: every array leaf of args and of
     the result is [S, ...] (the "tree_accept" op). Under a mesh each streams shard runs fn on its
     own streams (a kernel needs no other shard's rows); without one, fn itself."""
-    mesh = _current_mesh()
+    mesh = current_mesh()
     s = spec(("streams",), jax.tree.leaves(args)[0].shape[:1], mesh)[0] if mesh is not None else None
     if s is None:
         return fn(*args)
@@ -243,7 +243,7 @@ def moe_experts(fn: Callable, x, topk_ids, topk_weights, experts):
     parallel under a mesh: every shard runs its own experts on its streams' tokens (slots routed
     elsewhere get weight 0 and a local id spread over the local experts) and a psum over the
     expert shards combines. Tokens are stream-major, so they shard like the streams."""
-    mesh = _current_mesh()
+    mesh = current_mesh()
     num_experts = jax.tree.leaves(experts)[0].shape[0]
     eaxes = _single(spec(("experts",), (num_experts,), mesh)[0])
     tspec = spec(("streams", None), x.shape, mesh)
@@ -270,7 +270,7 @@ def topk_logsumexp(fn: Callable, x, k: int):
     Vocabulary-parallel under a mesh: each shard takes the top-k of its slice and its logsumexp;
     the shards' candidates are all-gathered (R x k per shard, never R x V), and the top-k of those
     and the logsumexp of the shards' lse are the result. Ties keep the lower token id."""
-    mesh = _current_mesh()
+    mesh = current_mesh()
     xspec = spec(("streams", "vocab"), x.shape, mesh)
     vocab = _single(xspec[1])
     if not vocab:

@@ -22,7 +22,8 @@ Stage times come from the same stage functions jitted one by one and timed on a 
 prefilled state. docs/engine.md explains the loops, the buffers and the measurements behind them.
 
 Modules: `state` (Plan, EngineState, Setup, `setup`), `step` (the stages and the step),
-`prefilling`, `loops` (device and host decode loops, CompiledDecode), `generation` (generate); `serving` holds
+`memory` (the memory check before a decode), `prefilling`, `loops` (device and host decode
+loops, CompiledDecode), `generation` (generate); `serving` holds
 continuous batching over the same step. Everything public is importable from here.
 """
 
@@ -30,6 +31,7 @@ from ddtree_jax.engine.generation import generate
 from ddtree_jax.engine.loops import (DEVICE_LOOP_GRAPHS, CompiledDecode, compile_decode,
                                      decode, decode_loop_for, exact_steps, initial_left, run_decode,
                                      steps_to_finish)
+from ddtree_jax.engine.memory import check_memory, step_bytes
 from ddtree_jax.engine.prefilling import initial_state, prefill
 from ddtree_jax.engine.state import (DECODE_LOOPS, METHODS, Decoding, EngineState, GenerateResult, Kernels,
                                      Plan, Setup, copy_tree, resolve_options, setup, shard_state)
@@ -37,8 +39,8 @@ from ddtree_jax.engine.step import (chain_tree, decode_steps, speculative_step, 
                                     stage_draft, stage_times, stage_tree, stage_verify, tokens_left)
 
 __all__ = ["DECODE_LOOPS", "DEVICE_LOOP_GRAPHS", "METHODS", "CompiledDecode", "Decoding", "EngineState",
-           "GenerateResult", "Kernels", "Plan", "Setup", "chain_tree", "compile_decode", "copy_tree",
+           "GenerateResult", "Kernels", "Plan", "Setup", "chain_tree", "check_memory", "compile_decode", "copy_tree",
            "decode", "decode_loop_for", "decode_steps", "exact_steps", "generate", "initial_left",
            "initial_state", "prefill", "resolve_options", "run_decode", "setup", "shard_state", "speculative_step",
            "stage_accept", "stage_draft", "stage_times", "stage_tree", "stage_verify",
-           "steps_to_finish", "tokens_left"]
+           "step_bytes", "steps_to_finish", "tokens_left"]

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from ddtree_jax.engine.loops import compile_decode, decode_loop_for, run_decode
+from ddtree_jax.engine.memory import check_memory
 from ddtree_jax.engine.prefilling import prefill
 from ddtree_jax.config import Kernels
 from ddtree_jax.engine.state import Decoding, GenerateResult, copy_tree, resolve_options, setup
@@ -42,6 +43,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_tokens=stop_tokens, max_len=max_len, kernels=kernels)
     plan, tparams = su.plan, target[1]
+    check_memory(plan, len(prompts), su.max_len, tparams)
     loop = decode_loop_for(plan, decoding.decode_loop)
     dparams = drafter[1] if plan.dcfg is not None else None
     t0 = time.perf_counter()
