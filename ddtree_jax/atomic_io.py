@@ -121,7 +121,8 @@ def staged_directory(path: str | os.PathLike, *, overwrite: bool = False, what: 
     """Yields a new empty directory beside `path` to fill; on a clean exit it is fsynced and takes
     path's place in one rename (or one exchange, for an existing `path`, whose old tree is then
     removed). FileExistsError naming `path` when it exists (and is not an empty directory) unless
-    overwrite=True, before anything is written. `what` names the content in that message."""
+    overwrite=True, before anything is written. `what` names the content in that message. The
+    temporary trees of an earlier save into `path` that was killed are removed first."""
     path = os.path.abspath(os.fspath(path))
     exists = os.path.lexists(path) and not is_empty_dir(path)
     if exists and not overwrite:
@@ -131,6 +132,9 @@ def staged_directory(path: str | os.PathLike, *, overwrite: bool = False, what: 
         raise FileExistsError(f"{path} exists and is not a directory; refusing to replace it")
     parent, base = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):          # the trees of a save into `path` killed midway
+        if name.startswith(f"{TMP_PREFIX}{base}.") and os.path.isdir(os.path.join(parent, name)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=f"{TMP_PREFIX}{base}.")
     trash = tmp                              # after an exchange: the old tree
     try:

@@ -400,13 +400,19 @@ def restore_checkpoint(path: str | os.PathLike, *, check_finite: bool = True) ->
 
 
 def _orbax_metadata(ckpt, params_dir: str):
-    """The saved pytree's metadata; CheckpointError naming the directory where Orbax finds none."""
+    """The saved pytree's metadata; CheckpointError naming the directory (and its _METADATA file,
+    where that is missing) when Orbax finds none."""
+    if not os.path.isfile(os.path.join(params_dir, "_METADATA")):
+        raise CheckpointError(f"{params_dir}: not a complete Orbax checkpoint: its _METADATA file is "
+                              "missing")
     try:
-        return ckpt.metadata(params_dir).item_metadata.tree
-    except (FileNotFoundError, ValueError, KeyError, AttributeError) as e:
-        names = sorted(os.listdir(params_dir))
-        raise CheckpointError(f"{params_dir}: not a complete Orbax checkpoint (files: {listing(names)}; "
-                              f"{type(e).__name__}: {e})") from None
+        meta, why = ckpt.metadata(params_dir).item_metadata, "no metadata"
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        meta, why = None, f"{type(e).__name__}: {e}"
+    if meta is None:
+        raise CheckpointError(f"{params_dir}: not a complete Orbax checkpoint ({why}; files: "
+                              f"{listing(os.listdir(params_dir))})")
+    return meta.tree
 
 
 def _check_int4_layout(path: str) -> None:

@@ -103,6 +103,9 @@ def test_orbax_save_killed_before_its_swap(tmp_path, models, existing):
     else:
         with pytest.raises(CheckpointError, match=f"config.json not found in {dest}"):
             restore_checkpoint(dest)
+    save_checkpoint(dest, CFG, models["new"][0], overwrite=True)      # and the next save cleans up
+    assert sorted(os.listdir(tmp_path)) == ["marker", "orbax"]
+    assert_identical(restore_checkpoint(dest)[1], models["new"][0])
 
 
 def test_trainer_killed_mid_save_resumes_from_a_whole_step(tmp_path):
