@@ -1,9 +1,10 @@
-"""Model and drafter configurations: frozen dataclasses, HF config.json parsing, presets.
+"""Model and drafter configurations: frozen dataclasses, presets.
 
 `ModelConfig` carries every field of a DeepSeek-V3 / Kimi-K2 `config.json` that the forward
 pass reads; `ModelConfig.from_hf` accepts the dict or the checkpoint directory (K2.5/K2.6 nest
-the text model's config under `text_config`). `DrafterConfig` describes a DFlash drafter.
-Every constructor validates and raises `ConfigError` naming the offending field.
+the text model's config under `text_config`; the parsing lives in `ddtree_jax.hf_config`).
+`DrafterConfig` describes a DFlash drafter. Every constructor checks each field's type and range
+and raises `ConfigError` naming the offending field.
 """
 
 from __future__ import annotations

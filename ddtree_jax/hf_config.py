@@ -98,8 +98,10 @@ def _rope_spec(field: str, spec: Mapping[str, Any], scaling_ok: bool):
     """(rope_theta or None, RopeScaling or None) from one rope_scaling / rope_parameters object."""
     unknown = sorted(set(spec) - set(_ROPE_KEYS))
     _require(not unknown, f"{field}: unknown key(s) {unknown} (this model reads {list(_ROPE_KEYS)})")
-    kinds = {spec[k] for k in ("rope_type", "type") if k in spec}
-    _require(len(kinds) <= 1, f"{field}: rope_type and type disagree ({sorted(map(str, kinds))})")
+    given = [spec[k] for k in ("rope_type", "type") if k in spec]
+    _require(all(isinstance(k, str) for k in given), f"{field}.rope_type must be a string, got {given}")
+    kinds = set(given)
+    _require(len(kinds) <= 1, f"{field}: rope_type and type disagree ({sorted(kinds)})")
     kind = next(iter(kinds), "default" if field == "rope_parameters" else None)
     _require(kind in ("default",) + YARN_TYPES,
              f"{field}.rope_type={kind!r} is not implemented (only 'default', no scaling, and 'yarn')")
@@ -207,7 +209,7 @@ def model_config(raw: Mapping[str, Any], where: str = "") -> ModelConfig:
     (its file) prefixes every ConfigError."""
     with naming(where):
         d = text_config(raw)
-        fields = [f for f in dataclasses.fields(ModelConfig)]
+        fields = dataclasses.fields(ModelConfig)
         missing = [f.name for f in fields if f.default is dataclasses.MISSING and f.name not in d]
         _require(not missing, f"config.json is missing required field(s): {missing}")
         _require(d.get("rope_interleave", True) is True,

@@ -239,7 +239,7 @@ def _commit(directory: str, staged: dict[str, str]) -> None:
     stale = sorted(_old_weight_files(directory) - staged.keys())
     ours = {os.path.basename(t) for t in staged.values()}
     stale += sorted(n for n in os.listdir(directory) if n not in ours and any(
-        n.startswith(f"{TMP_PREFIX}{f}.") for f in (CONFIG, SINGLE, INDEX)))
+        n.startswith(f"{TMP_PREFIX}{f}.") for f in (CONFIG, SINGLE, INDEX, PENDING)))
     pending = os.path.join(directory, PENDING)
     write_json(pending, {"rename": {os.path.basename(t): f for f, t in staged.items()},
                          "remove": stale}, indent=1)

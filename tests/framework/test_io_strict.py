@@ -93,6 +93,7 @@ def _wrapped(edit):
     (lambda d: d["rope_scaling"].update(type="linear"), r"rope_scaling\.rope_type='linear' is not implemented"),
     (lambda d: d["rope_scaling"].pop("type"), r"rope_scaling\.rope_type=None is not implemented"),
     (lambda d: d["rope_scaling"].update(rope_type="dynamic"), r"rope_scaling: rope_type and type disagree"),
+    (lambda d: d["rope_scaling"].update(type=["yarn"]), r"rope_scaling\.rope_type must be a string, got \[\['yarn'\]\]"),
     (_v5(rope_type="longrope"), r"rope_parameters\.rope_type='longrope' is not implemented"),
     (_v5(low_freq_factor=1.0), r"rope_parameters: unknown key\(s\) \['low_freq_factor'\]"),
     (_v5(factor="8"), r"rope_parameters\.factor must be a finite number >= 1\.0, got '8'"),
