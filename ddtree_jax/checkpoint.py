@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 
@@ -21,11 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ddtree_jax import sharding
+from ddtree_jax import hf_config, sharding
+from ddtree_jax.atomic_io import staged_directory, write_json
 from ddtree_jax.config import ModelConfig
 from ddtree_jax.model import init_target
 from ddtree_jax.safetensors_io import (FLOAT_DTYPES, INT_DTYPES, CheckpointError, TensorReader,
-                                       listing, write_tensors)
+                                       check_complete, listing, read_json, write_checkpoint)
 from pallas_kernels import moe
 from pallas_kernels.moe import int4
 
@@ -140,9 +140,8 @@ def _read_config(path: str) -> tuple[ModelConfig, dict]:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise CheckpointError(f"config.json not found in {path}")
-    with open(cfg_path) as f:
-        raw = json.load(f)
-    return ModelConfig.from_hf(raw), raw.get("text_config", raw)
+    raw = read_json(cfg_path, "config.json")
+    return hf_config.model_config(raw, cfg_path), hf_config.text_config(raw)
 
 
 def _is_ignored(name: str, cfg: ModelConfig, nextn: int) -> bool:
@@ -242,20 +241,22 @@ def _load_experts(reader: TensorReader, cfg: ModelConfig, layer: int, prefix: st
 
 def load_target(path: str | os.PathLike, dtype=jnp.bfloat16, *,
                 mesh: jax.sharding.Mesh | None = None,
-                scale_dtype: str = "bfloat16") -> tuple[ModelConfig, dict]:
+                scale_dtype: str = "bfloat16", check_finite: bool = True) -> tuple[ModelConfig, dict]:
     """HF directory (config.json + safetensors) -> (ModelConfig, params), params exactly as
     `init_target(cfg, key, dtype)` lays them out. Raises ConfigError / CheckpointError naming the
-    field or tensor at fault; names, shapes, dtypes and weight_shape values are all checked
-    before any weight is read. With `mesh`, each tensor is placed in its shards by the sharding
-    rules as it is read (a device receives only its slice). scale_dtype: the int4 experts' group
-    scales on the device (QuantConfig.scale_dtype; "float16" raises ValueError on a scale that
-    would not convert exactly)."""
+    file, field or tensor at fault; names, shapes, dtypes and weight_shape values are all checked
+    before any weight is read, and (check_finite) every float tensor as it is read for NaN / Inf.
+    With `mesh`, each tensor is placed in its shards by the sharding rules as it is read (a device
+    receives only its slice). scale_dtype: the int4 experts' group scales on the device
+    (QuantConfig.scale_dtype; "float16" raises ValueError on a scale that would not convert
+    exactly)."""
     path = os.fspath(path)
+    check_complete(path)
     cfg, text = _read_config(path)
     cfg = dataclasses.replace(cfg, quant=dataclasses.replace(cfg.quant, scale_dtype=scale_dtype))
-    nextn = int(text.get("num_nextn_predict_layers") or 0)
+    nextn = text.get("num_nextn_predict_layers") or 0
     specs = _all_specs(cfg)
-    with TensorReader(path) as reader:
+    with TensorReader(path, check_finite) as reader:
         prefix = LM_PREFIX if any(n.startswith(LM_PREFIX) for n in reader.names) else ""
         _check_names(reader, cfg, specs, prefix, nextn)
         _check_headers(reader, specs, prefix)
@@ -331,12 +332,12 @@ def save_target_hf(path: str | os.PathLike, cfg: ModelConfig, params, *,
                    max_shard_bytes: int | None = None, prefix: str = "") -> None:
     """Write config.json and safetensors in the layout `load_target` reads (tensors keep the
     params' dtypes). prefix="language_model." writes the K2.5/K2.6 form: prefixed tensor names and
-    the text config nested under `text_config` (quantization_config at the top level)."""
+    the text config nested under `text_config` (quantization_config at the top level). An earlier
+    checkpoint in `path` is replaced as one change (`safetensors_io.write_checkpoint`): a load
+    finds the old one or the new one, or (after a save killed midway) refuses the directory."""
     if prefix not in ("", LM_PREFIX):
         raise ValueError(f"prefix must be '' or {LM_PREFIX!r}, got {prefix!r}")
     check_params(cfg, params)
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
     config = cfg.to_hf()
     if prefix:
         quant = config.pop("quantization_config", None)
@@ -344,9 +345,7 @@ def save_target_hf(path: str | os.PathLike, cfg: ModelConfig, params, *,
                   "text_config": config}
         if quant is not None:
             config["quantization_config"] = quant
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    write_tensors(path, _hf_tensors(cfg, params, prefix), max_shard_bytes)
+    write_checkpoint(path, config, _hf_tensors(cfg, params, prefix), max_shard_bytes)
 
 
 # ---- Orbax ---------------------------------------------------------------------------------
@@ -356,24 +355,26 @@ def _int4_leaves(params) -> bool:
                for k, _ in jax.tree_util.tree_flatten_with_path(params)[0])
 
 
-def save_checkpoint(path: str | os.PathLike, cfg: ModelConfig, params) -> None:
+def save_checkpoint(path: str | os.PathLike, cfg: ModelConfig, params, *, overwrite: bool = False) -> None:
     """Orbax checkpoint: path/config.json (cfg.to_hf()), path/params (the pytree as it is) and,
-    for INT4 experts (kept in the kernels' layout), path/int4_layout.json with its version."""
+    for INT4 experts (kept in the kernels' layout), path/int4_layout.json with its version.
+
+    Written in a new directory beside `path` that takes its place whole when complete: a
+    non-empty `path` raises FileExistsError before anything is written, or (overwrite=True) is
+    replaced; a save killed midway leaves `path` as it was."""
     check_params(cfg, params)
-    path = os.path.abspath(os.fspath(path))
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg.to_hf(), f, indent=2)
-    if _int4_leaves(params):
-        with open(os.path.join(path, "int4_layout.json"), "w") as f:
-            json.dump({"int4_kernel_layout": int4.LAYOUT_VERSION}, f)
-    with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(os.path.join(path, "params"), params)
+    with staged_directory(path, overwrite=overwrite, what="checkpoint") as tmp:
+        write_json(os.path.join(tmp, "config.json"), cfg.to_hf(), indent=2)
+        if _int4_leaves(params):
+            write_json(os.path.join(tmp, "int4_layout.json"), {"int4_kernel_layout": int4.LAYOUT_VERSION})
+        with ocp.StandardCheckpointer() as ckpt:
+            ckpt.save(os.path.join(tmp, "params"), params)
 
 
-def restore_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
+def restore_checkpoint(path: str | os.PathLike, *, check_finite: bool = True) -> tuple[ModelConfig, dict]:
     """Inverse of `save_checkpoint`: (cfg, params) bit-exact, params on the default device. INT4
-    experts saved in another kernel layout version than this code's are refused (CheckpointError)."""
+    experts saved in another kernel layout version than this code's are refused, and (check_finite)
+    float leaves holding NaN or Inf (CheckpointError naming the leaf)."""
     path = os.path.abspath(os.fspath(path))
     cfg, _ = _read_config(path)
     params_dir = os.path.join(path, "params")
@@ -381,21 +382,44 @@ def restore_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
         raise CheckpointError(f"no Orbax params directory at {params_dir}")
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with ocp.StandardCheckpointer() as ckpt:
-        meta = ckpt.metadata(params_dir).item_metadata.tree
+        meta = _orbax_metadata(ckpt, params_dir)
         if _int4_leaves(meta):
             _check_int4_layout(path)
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
-        params = ckpt.restore(params_dir, target)
+        try:
+            params = ckpt.restore(params_dir, target)
+        except (FileNotFoundError, ValueError) as e:
+            raise CheckpointError(f"{params_dir}: the Orbax checkpoint does not restore ({e})") from None
     check_params(cfg, params)
+    if check_finite:
+        for key, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+            if jnp.issubdtype(leaf.dtype, jnp.floating) and not bool(jnp.isfinite(leaf).all()):
+                raise CheckpointError(f"{params_dir}: params{jax.tree_util.keystr(key)} holds NaN or Inf; "
+                                      "restore with check_finite=False to read it anyway")
     return cfg, params
+
+
+def _orbax_metadata(ckpt, params_dir: str):
+    """The saved pytree's metadata; CheckpointError naming the directory (and its _METADATA file,
+    where that is missing) when Orbax finds none."""
+    if not os.path.isfile(os.path.join(params_dir, "_METADATA")):
+        raise CheckpointError(f"{params_dir}: not a complete Orbax checkpoint: its _METADATA file is "
+                              "missing")
+    try:
+        meta, why = ckpt.metadata(params_dir).item_metadata, "no metadata"
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        meta, why = None, f"{type(e).__name__}: {e}"
+    if meta is None:
+        raise CheckpointError(f"{params_dir}: not a complete Orbax checkpoint ({why}; files: "
+                              f"{listing(os.listdir(params_dir))})")
+    return meta.tree
 
 
 def _check_int4_layout(path: str) -> None:
     marker = os.path.join(path, "int4_layout.json")
     version = 1                                     # no marker: layout version 1
     if os.path.exists(marker):
-        with open(marker) as f:
-            version = json.load(f).get("int4_kernel_layout")
+        version = read_json(marker, "int4_layout.json").get("int4_kernel_layout")
     if version != int4.LAYOUT_VERSION:
         raise CheckpointError(f"{path}: its INT4 experts are in kernel layout version {version}, this code "
                               f"reads version {int4.LAYOUT_VERSION}; convert them again from the HF "

@@ -1,15 +1,15 @@
-"""Model and drafter configurations: frozen dataclasses, HF config.json parsing, presets.
+"""Model and drafter configurations: frozen dataclasses, presets.
 
 `ModelConfig` carries every field of a DeepSeek-V3 / Kimi-K2 `config.json` that the forward
 pass reads; `ModelConfig.from_hf` accepts the dict or the checkpoint directory (K2.5/K2.6 nest
-the text model's config under `text_config`). `DrafterConfig` describes a DFlash drafter.
-Every constructor validates and raises `ConfigError` naming the offending field.
+the text model's config under `text_config`; the parsing lives in `ddtree_jax.hf_config`).
+`DrafterConfig` describes a DFlash drafter. Every constructor checks each field's type and range
+and raises `ConfigError` naming the offending field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any, Mapping
@@ -29,6 +29,27 @@ def _require_int(name: str, value, minimum: int) -> None:
     numpy integers either: configs are hashed as jit static arguments and written to config.json)."""
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
              f"{name} must be >= {minimum} and an int, got {value!r}")
+
+
+def _require_float(name: str, value, above: float | None = None, at_least: float | None = None) -> float:
+    """float(value), or ConfigError naming `name` unless `value` is a finite int or float (no bool,
+    no string) > `above` / >= `at_least` where given."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (above is None or value > above) and (at_least is None or value >= at_least)
+    bound = f" > {above}" if above is not None else f" >= {at_least}" if at_least is not None else ""
+    _require(ok, f"{name} must be a finite number{bound}, got {value!r}")
+    return float(value)
+
+
+def _require_bool(name: str, value) -> None:
+    _require(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+
+
+def _floats(obj, prefix: str, bounds: dict[str, dict]) -> None:
+    """Check each float field of a frozen dataclass (`bounds`: name -> _require_float's bounds)
+    and store it as a Python float."""
+    for name, kw in bounds.items():
+        object.__setattr__(obj, name, _require_float(prefix + name, getattr(obj, name), **kw))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +123,11 @@ class RopeScaling:
     def __post_init__(self):
         _require(self.type in ("yarn", "deepseek_yarn"),
                  f"rope_scaling.type: only 'yarn' is supported, got {self.type!r}")
-        _require(self.factor >= 1.0, f"rope_scaling.factor must be >= 1, got {self.factor}")
+        _floats(self, "rope_scaling.", {"factor": dict(at_least=1.0), "beta_fast": dict(above=0.0),
+                                        "beta_slow": dict(above=0.0), "mscale": {},
+                                        "mscale_all_dim": dict(at_least=0.0)})
         _require_int("rope_scaling.original_max_position_embeddings",
                      self.original_max_position_embeddings, 1)
-        _require(self.beta_fast > 0 and self.beta_slow > 0,
-                 "rope_scaling.beta_fast and beta_slow must be > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,12 +200,21 @@ class ModelConfig:
             _require_int("q_lora_rank", self.q_lora_rank, 1)
         _require_int("n_shared_experts", self.n_shared_experts, 0)
         _require_int("first_k_dense_replace", self.first_k_dense_replace, 0)
-        if self.bos_token_id is not None:
-            _require_int("bos_token_id", self.bos_token_id, 0)
-        eos = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
-        for t in eos:
-            if t is not None:
-                _require_int("eos_token_id", t, 0)
+        _floats(self, "", {"routed_scaling_factor": dict(above=0.0), "rms_norm_eps": dict(above=0.0),
+                           "rope_theta": dict(above=0.0)})
+        for name in ("norm_topk_prob", "tie_word_embeddings", "attention_bias"):
+            _require_bool(name, getattr(self, name))
+        _require(self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
+                 f"rope_scaling must be None or a RopeScaling, got {self.rope_scaling!r}")
+        _require(isinstance(self.quant, QuantConfig), f"quant must be a QuantConfig, got {self.quant!r}")
+        ids = {"bos_token_id": () if self.bos_token_id is None else (self.bos_token_id,),
+               "eos_token_id": (self.eos_token_id if isinstance(self.eos_token_id, tuple)
+                                else () if self.eos_token_id is None else (self.eos_token_id,))}
+        for name, values in ids.items():
+            for t in values:
+                _require_int(name, t, 0)
+                _require(t < self.vocab_size,
+                         f"{name}={t} lies outside the vocabulary [0, vocab_size={self.vocab_size})")
         _require(self.first_k_dense_replace <= self.num_hidden_layers,
                  f"first_k_dense_replace={self.first_k_dense_replace} must lie in "
                  f"[0, num_hidden_layers={self.num_hidden_layers}]")
@@ -208,8 +238,6 @@ class ModelConfig:
         _require(self.topk_method == "noaux_tc",
                  f"topk_method: only 'noaux_tc' is supported, got {self.topk_method!r}")
         _require(self.hidden_act == "silu", f"hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
-        _require(self.rms_norm_eps > 0, "rms_norm_eps must be > 0")
-        _require(self.rope_theta > 0, "rope_theta must be > 0")
         _require(not self.attention_bias, "attention_bias=True is not supported")
         if self.quant.format == "int4":
             g = self.quant.group_size
@@ -246,29 +274,12 @@ class ModelConfig:
     # ---- HF config.json ------------------------------------------------------------------
     @classmethod
     def from_hf(cls, src: Mapping[str, Any] | str | os.PathLike) -> "ModelConfig":
-        """Parse a DeepSeek-V3 / Kimi-K2 config.json (dict, file or checkpoint directory)."""
-        d = _load_json(src)
-        if "text_config" in d:  # K2.5 / K2.6 multimodal wrapper
-            outer_q = d.get("quantization_config")
-            d = dict(d["text_config"])
-            if outer_q is not None and "quantization_config" not in d:
-                d["quantization_config"] = outer_q
-        fields = {f.name for f in dataclasses.fields(cls)}
-        required = [f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        missing = [k for k in required if k not in d]
-        _require(not missing, f"config.json is missing required field(s): {missing}")
-        kw = {k: d[k] for k in fields if k in d and k not in ("rope_scaling", "quant", "eos_token_id")}
-        rs = d.get("rope_scaling")
-        if rs is not None:
-            rs = dict(rs)
-            rs["type"] = rs.pop("rope_type", rs.get("type", "yarn"))
-            known = {f.name for f in dataclasses.fields(RopeScaling)}
-            kw["rope_scaling"] = RopeScaling(**{k: v for k, v in rs.items() if k in known})
-        eos = d.get("eos_token_id")
-        kw["eos_token_id"] = tuple(eos) if isinstance(eos, list) else eos
-        kw["quant"] = _parse_quant(d.get("quantization_config"))
-        return cls(**kw)
+        """Parse a DeepSeek-V3 / Kimi-K2 config.json (dict, file or checkpoint directory); K2.5 /
+        K2.6 nest it under `text_config`. RoPE in either spelling (rope_theta + rope_scaling, or
+        transformers 5's rope_parameters); every field's type and range, model_type and
+        architectures are checked (ddtree_jax.hf_config), a ConfigError names the file."""
+        from ddtree_jax import hf_config
+        return hf_config.model_config(*hf_config.load(src))
 
     def to_hf(self) -> dict:
         """The config.json dict (DeepSeek-V3 naming) that `from_hf` reads back to an equal config."""
@@ -304,38 +315,6 @@ class ModelConfig:
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN attention magnitude correction: 0.1 * mscale * ln(scale) + 1 (1 when scale <= 1)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _load_json(src) -> dict:
-    if isinstance(src, Mapping):
-        return dict(src)
-    path = os.fspath(src)
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"config.json not found at {path}")
-    with open(path) as f:
-        return json.load(f)
-
-
-def _parse_quant(q: Mapping[str, Any] | None) -> QuantConfig:
-    if q is None:
-        return QuantConfig("bf16")
-    method = q.get("quant_method")
-    _require(method == "compressed-tensors",
-             f"quantization_config.quant_method: only 'compressed-tensors' is supported, got {method!r}")
-    fmt = q.get("format")
-    _require(fmt == "pack-quantized",
-             f"quantization_config.format: only 'pack-quantized' is supported, got {fmt!r}")
-    groups = q.get("config_groups") or {}
-    _require(len(groups) == 1, f"quantization_config.config_groups: expected one group, got {len(groups)}")
-    w = next(iter(groups.values())).get("weights") or {}
-    _require(w.get("num_bits") == 4 and w.get("type", "int") == "int",
-             f"quantization_config weights: only 4-bit int is supported, got num_bits={w.get('num_bits')}")
-    _require(w.get("symmetric", True), "quantization_config weights: only symmetric is supported")
-    _require(w.get("strategy") == "group",
-             f"quantization_config weights.strategy: only 'group' is supported, got {w.get('strategy')!r}")
-    return QuantConfig("int4", int(w.get("group_size", 0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,14 +353,15 @@ class DrafterConfig:
         _require(self.num_attention_heads % self.num_key_value_heads == 0,
                  f"drafter num_attention_heads={self.num_attention_heads} not divisible by "
                  f"num_key_value_heads={self.num_key_value_heads}")
+        _require(isinstance(self.target_layer_ids, (tuple, list)),
+                 f"drafter target_layer_ids must be a list of layer indices, got {self.target_layer_ids!r}")
         _require(len(self.target_layer_ids) >= 1, "drafter target_layer_ids is empty")
         for i in self.target_layer_ids:
             _require_int("drafter target_layer_ids entry", i, 0)
         bad = [i for i in self.target_layer_ids if not i < self.num_target_layers]
         _require(not bad, f"drafter target_layer_ids {bad} out of range [0, {self.num_target_layers})")
         _require(self.head_dim % 2 == 0, "drafter head_dim must be even")
-        _require(self.rms_norm_eps > 0, "drafter rms_norm_eps must be > 0")
-        _require(self.rope_theta > 0, "drafter rope_theta must be > 0")
+        _floats(self, "drafter ", {"rms_norm_eps": dict(above=0.0), "rope_theta": dict(above=0.0)})
         object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
 
     def replace(self, **kw) -> "DrafterConfig":
@@ -393,34 +373,12 @@ class DrafterConfig:
 
         Qwen3-style top level plus `dflash_config`; as in the reference, a key in `dflash_config`
         (target_layer_ids, mask_token_id, block_size, num_target_layers) wins over the top level,
-        and target_layer_ids default to the reference spacing. Variants this drafter does not
-        implement (DFlash2, sliding-window or causal layers, rope scaling, logit transforms) raise.
+        and target_layer_ids default to the reference spacing. RoPE in either spelling; variants
+        this drafter does not implement (DFlash2, sliding-window or causal layers, rope scaling,
+        logit transforms) and unknown model types raise ConfigError naming the file.
         """
-        d = _load_json(src)
-        dc = dict(d.get("dflash_config") or {})
-
-        def get(key, default=None):
-            return dc.get(key, d.get(key, default))
-
-        required = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "head_dim", "intermediate_size")
-        missing = [k for k in required if k not in d]
-        missing += [f"{k} (top level or dflash_config)" for k in ("num_target_layers", "mask_token_id")
-                    if get(k) is None]
-        _require(not missing, f"drafter config.json is missing required field(s): {missing}")
-        cls._check_variant(d, dc)
-        ids = get("target_layer_ids")
-        if ids is None:
-            ids = default_target_layer_ids(get("num_target_layers"), d["num_hidden_layers"])
-        rope = d.get("rope_parameters") or {}
-        return cls(**{k: d[k] for k in required},
-                   target_layer_ids=tuple(ids),
-                   num_target_layers=get("num_target_layers"),
-                   block_size=get("block_size", 16),
-                   mask_token_id=get("mask_token_id"),
-                   rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                   rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
-                   max_position_embeddings=d.get("max_position_embeddings", 32768))
+        from ddtree_jax import hf_config
+        return hf_config.drafter_config(*hf_config.load(src))
 
     def to_hf(self) -> dict:
         """The z-lab config.json dict (DFlashDraftModel) that `from_hf` reads back to an equal config."""
@@ -431,33 +389,6 @@ class DrafterConfig:
                  dflash_config={"block_size": self.block_size, "mask_token_id": self.mask_token_id,
                                 "target_layer_ids": list(self.target_layer_ids)})
         return d
-
-    @staticmethod
-    def _check_variant(d: Mapping[str, Any], dc: Mapping[str, Any]) -> None:
-        """Reject DFlash config.json features the drafter does not implement, naming them."""
-        arch = d.get("architectures") or []
-        rope = d.get("rope_parameters") or {}
-        layer_types = d.get("layer_types") or []
-        sliding = any(t != "full_attention" for t in layer_types) or (
-            not layer_types and d.get("use_sliding_window")
-            and d.get("max_window_layers", 0) < d["num_hidden_layers"])
-        g = dc.get
-        problems = [
-            (any("DFlash2" in a for a in arch), f"architectures={arch}"),
-            ("selector_rank" in dc or "conv_kernel_size" in dc, "DFlash2 selector/convolutions"),
-            (d.get("rope_scaling") is not None, f"rope_scaling={d.get('rope_scaling')}"),
-            (rope.get("rope_type", "default") != "default", f"rope_type={rope.get('rope_type')!r}"),
-            (bool(sliding), f"sliding-window layers (layer_types={layer_types})"),
-            (bool(d.get("is_causal") or g("causal")), "causal attention (is_causal / causal)"),
-            (bool(d.get("attention_bias")), "attention_bias=True"),
-            (d.get("hidden_act", "silu") != "silu", f"hidden_act={d.get('hidden_act')!r}"),
-            (g("attention_mode", "gqa") not in ("gqa", "mha"), f"attention_mode={g('attention_mode')!r}"),
-            (g("input_embedding_scale", 1.0) != 1.0, f"input_embedding_scale={g('input_embedding_scale')}"),
-            (g("output_multiplier", 1.0) != 1.0, f"output_multiplier={g('output_multiplier')}"),
-            (bool(g("final_logit_softcapping")), f"final_logit_softcapping={g('final_logit_softcapping')}"),
-        ]
-        bad = [what for hit, what in problems if hit]
-        _require(not bad, f"unsupported DFlash drafter variant: {'; '.join(bad)}")
 
     @classmethod
     def for_target(cls, target: ModelConfig, **overrides) -> "DrafterConfig":

@@ -11,7 +11,6 @@ Linear weights are transposed to / from the `[in, out]` kernels of `ddtree_jax.d
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -20,7 +19,8 @@ import numpy as np
 from flax import traverse_util
 
 from ddtree_jax.config import DrafterConfig
-from ddtree_jax.safetensors_io import FLOAT_DTYPES, CheckpointError, TensorReader, listing, write_tensors
+from ddtree_jax.safetensors_io import (FLOAT_DTYPES, CheckpointError, TensorReader, check_complete,
+                                       listing, write_checkpoint)
 
 
 class DrafterCheckpointError(CheckpointError):
@@ -48,18 +48,24 @@ def hf_layout(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], tuple[int,
     return out
 
 
-def load_drafter(path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> tuple[DrafterConfig, dict]:
+def load_drafter(path: str | os.PathLike, dtype: Any = jnp.bfloat16, *,
+                 check_finite: bool = True) -> tuple[DrafterConfig, dict]:
     """Read a z-lab DFlash checkpoint directory -> (DrafterConfig, params in `dtype`).
 
     Every tensor name, shape and dtype is checked from the file headers before any tensor is read;
-    tensors are then read one at a time. Raises DrafterCheckpointError (or ConfigError for
-    config.json) naming the offending tensor or field; nothing is returned half-loaded.
+    tensors are then read one at a time (check_finite: each refused if it holds NaN or Inf). Raises
+    DrafterCheckpointError (or ConfigError for config.json) naming the offending file, tensor or
+    field; nothing is returned half-loaded.
     """
     path = os.fspath(path)
+    try:
+        check_complete(path)
+    except CheckpointError as e:
+        raise DrafterCheckpointError(str(e)) from None
     cfg = DrafterConfig.from_hf(path)
     layout = hf_layout(cfg)
     try:
-        reader = TensorReader(path)
+        reader = TensorReader(path, check_finite)
     except CheckpointError as e:  # missing files, an index without weight_map or naming the wrong shard
         raise DrafterCheckpointError(f"drafter checkpoint {path}: {e}") from e
     with reader:
@@ -80,14 +86,18 @@ def load_drafter(path: str | os.PathLike, dtype: Any = jnp.bfloat16) -> tuple[Dr
             raise DrafterCheckpointError(f"drafter checkpoint {path}: " + "; ".join(problems))
         flat = {}
         for name, (key, _) in layout.items():
-            arr = reader.get(name)
+            try:
+                arr = reader.get(name)
+            except CheckpointError as e:
+                raise DrafterCheckpointError(f"drafter checkpoint {path}: {e}") from None
             flat[key] = jnp.asarray(arr.T if key[-1] == "kernel" else arr, dtype)
     return cfg, traverse_util.unflatten_dict(flat)
 
 
 def save_drafter(path: str | os.PathLike, cfg: DrafterConfig, params: dict) -> None:
     """Write `params` (the `init_drafter` / `load_drafter` pytree) as a z-lab DFlash checkpoint:
-    `config.json` + `model.safetensors`, arrays in their own dtype."""
+    `config.json` + `model.safetensors`, arrays in their own dtype, replacing an earlier checkpoint
+    in `path` as one change (`safetensors_io.write_checkpoint`)."""
     layout = hf_layout(cfg)
     flat = traverse_util.flatten_dict(params)
     by_key = {key: (name, shape) for name, (key, shape) in layout.items()}
@@ -107,8 +117,4 @@ def save_drafter(path: str | os.PathLike, cfg: DrafterConfig, params: dict) -> N
                 f"param {'/'.join(key)} has shape {list(np.shape(leaf))}, expected "
                 f"{list(shape[::-1] if key[-1] == 'kernel' else shape)}")
         tensors[name] = arr
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg.to_hf(), f, indent=2)
-    write_tensors(path, tensors.items())
+    write_checkpoint(path, cfg.to_hf(), tensors.items())

@@ -14,6 +14,8 @@ import json
 import re
 from typing import Iterable
 
+from ddtree_jax.atomic_io import write_json
+
 MASK, BOS, EOS = 0, 1, 2
 SPECIALS = ("<|mask|>", "<|bos|>", "<|eos|>")
 BYTE0 = len(SPECIALS)
@@ -62,9 +64,9 @@ class Tokenizer:
         return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump({"type": "byte_bpe", "specials": list(SPECIALS), "byte_offset": BYTE0,
-                       "pretoken_regex": _PRETOKEN.pattern, "merges": self.merges}, f)
+        """Write the tokenizer's JSON file atomically."""
+        write_json(path, {"type": "byte_bpe", "specials": list(SPECIALS), "byte_offset": BYTE0,
+                          "pretoken_regex": _PRETOKEN.pattern, "merges": self.merges})
 
     @classmethod
     def load(cls, path: str) -> "Tokenizer":

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import ddtree_jax as dj
+from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import decode, timing
 from ddtree_jax.training import data
 
@@ -97,11 +98,9 @@ def main(argv):
                                      graph_launches=FLAGS.graph_launches))
         print(json.dumps(recs[-1]), flush=True)
     if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
-                           date=time.strftime("%Y-%m-%d"), drafter_attn_impl=FLAGS.drafter_attn_impl,
-                           handoff=FLAGS.handoff,
-                           points=recs), f, indent=1)
+        write_json(FLAGS.out, dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+                                   date=time.strftime("%Y-%m-%d"), drafter_attn_impl=FLAGS.drafter_attn_impl,
+                                   handoff=FLAGS.handoff, points=recs), indent=1)
     cols = ["wall_ms", "tokens_per_second", "device_steps", "dispatch_ms", "busy_ms", "span_ms",
             "gaps", "gap_ms", "host_ms"]
     rows, launches = [], []

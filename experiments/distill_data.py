@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax.training import data, trainer
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.tokenizer import Tokenizer
@@ -57,10 +58,8 @@ def main(argv):
             "prompt_len": _PROMPT.value, "new_tokens": _NEW.value, "num_sequences": _N.value,
             "seed": _SEED.value, "dtype": _DTYPE.value, "device": jax.devices()[0].device_kind,
             "jax": jax.__version__, "seconds": time.perf_counter() - t0, "corpus": corpus_meta}
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    tmp = _OUT.value + ".tmp.npz"
-    np.savez(tmp, tokens=seqs.astype(np.uint16), meta=json.dumps(meta))
-    os.replace(tmp, _OUT.value)
+    with atomic_path(_OUT.value) as tmp:
+        np.savez(tmp, tokens=seqs.astype(np.uint16), meta=json.dumps(meta))
     print(f"distill: {seqs.shape[0]} x {seqs.shape[1]} tokens in {meta['seconds']:.0f} s -> {_OUT.value}")
 
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 import ddtree_jax as dj
+from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import projection
 from ddtree_jax.bench import roofline as rf
 from ddtree_jax.bench import timing
@@ -107,8 +108,7 @@ def main(argv):
               f"rest per layer):")
         print(markdown_table(rows, list(rows[0])))
     if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        write_json(FLAGS.out, result, indent=1, default=str)
 
 
 if __name__ == "__main__":

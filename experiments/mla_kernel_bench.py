@@ -40,6 +40,7 @@ import os
 from absl import app, flags
 import jax
 
+from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import mla_kernel, timing
 
 FLAGS = flags.FLAGS
@@ -82,9 +83,8 @@ def main(_):
         print("ok")
         return
     if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump({"ceilings": ceilings, "rows": rows, "device": jax.devices()[0].device_kind,
-                       "jax": jax.__version__}, f, indent=1)
+        write_json(FLAGS.out, {"ceilings": ceilings, "rows": rows, "device": jax.devices()[0].device_kind,
+                               "jax": jax.__version__}, indent=1)
     print("\n".join(mla_kernel.report_lines(rows)))
 
 

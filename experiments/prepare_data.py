@@ -10,13 +10,13 @@ training token stream and its metadata.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 
 from absl import app, flags
 
 from ddtree_jax import tokenizer
+from ddtree_jax.atomic_io import write_json
 from ddtree_jax.training import data
 
 _TOK = flags.DEFINE_string("tokenizer", "assets/tokenizer.json", "tokenizer JSON")
@@ -38,10 +38,10 @@ def main(argv):
     tok = tokenizer.Tokenizer.load(_TOK.value)
     if _RETRAIN.value or not os.path.isfile(_PROMPTS.value):
         prompts = data.make_heldout_prompts(tok)
-        os.makedirs(os.path.dirname(os.path.abspath(_PROMPTS.value)), exist_ok=True)
-        with open(_PROMPTS.value, "w") as f:
-            json.dump({"python_version": platform.python_version(), "heldout_files": list(data.HELDOUT),
-                       "tokenizer_sha256": data.file_sha256(_TOK.value), "prompts": prompts}, f, indent=1)
+        write_json(_PROMPTS.value, {"python_version": platform.python_version(),
+                                    "heldout_files": list(data.HELDOUT),
+                                    "tokenizer_sha256": data.file_sha256(_TOK.value), "prompts": prompts},
+                   indent=1)
         print(f"prompts: {len(prompts)} from {len(data.HELDOUT)} held-out modules -> {_PROMPTS.value}")
     _, meta = data.build_corpus(tok, _TOK.value, _CACHE.value)
     print(f"corpus: {meta['num_tokens']} tokens from {meta['num_files']} files "

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from ddtree_jax import engine
+from ddtree_jax.atomic_io import write_json
 from ddtree_jax.training import data
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.drafter_io import load_drafter
@@ -96,8 +97,7 @@ def main(argv):
                        "block_size": drafter[0].block_size, "budget": _BUDGET.value, "impl": _IMPL.value,
                        "results": results},
     }
-    with open(os.path.join(pair, "MANIFEST.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    write_json(os.path.join(pair, "MANIFEST.json"), manifest, indent=2)
     print(f"wrote {os.path.join(pair, 'MANIFEST.json')}", flush=True)
 
 

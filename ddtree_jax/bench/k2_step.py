@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import re
 import time
@@ -18,6 +17,7 @@ import numpy as np
 
 import ddtree_jax as dj
 from ddtree_jax import engine
+from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import memory_plan as mp
 from ddtree_jax import model as tgt
 from ddtree_jax.bench import roofline as rf
@@ -514,8 +514,7 @@ def run(o: Options) -> dict:
 
     def write():
         if o.out:
-            with open(o.out, "w") as f:
-                json.dump(result, f, indent=1, default=str)
+            write_json(o.out, result, indent=1, default=str)
 
     out_of_time = lambda: bool(o.time_limit_s) and time.perf_counter() - t_start > o.time_limit_s
     _print_full_plans(o, full, dfull, work, result)

@@ -24,9 +24,10 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 
 import jax
+
+from ddtree_jax.atomic_io import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 REQUIRED = ("benchmark", "command", "commit", "date", "device", "versions", "ceilings", "rows")
@@ -127,18 +128,8 @@ def write_result(out_dir: str, record: dict) -> str:
     """Write `record` (checked; non-finite floats as null) to out_dir/result_name(record)
     atomically; -> the path."""
     record = finite(check_record(record))
-    os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, result_name(record))
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_json(path, record, indent=1, sort_keys=False, allow_nan=False)
     return path
 
 

@@ -16,9 +16,9 @@ import dataclasses
 import glob
 import os
 import sys
-import tempfile
 from typing import Callable, Sequence
 
+from ddtree_jax.atomic_io import atomic_write
 from ddtree_jax.bench.record import ROOT, load_result
 
 RESULTS_DIR = os.path.join(ROOT, "results")
@@ -239,14 +239,8 @@ def _anchor(title: str) -> str:
 def write(path: str = REPORT, results_dir: str = RESULTS_DIR) -> None:
     """Write the report atomically."""
     text = render(results_dir)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        f.write(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

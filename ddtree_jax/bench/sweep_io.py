@@ -13,6 +13,7 @@ import os
 import warnings
 from typing import Iterable
 
+from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax.bench.timing import STAGES
 
 
@@ -145,5 +146,6 @@ def plot_sweep(records: Iterable[dict], path: str, temperature: float) -> None:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)

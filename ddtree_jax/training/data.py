@@ -17,6 +17,7 @@ import sysconfig
 
 import numpy as np
 
+from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax.tokenizer import BOS, EOS, Tokenizer
 
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
@@ -75,8 +76,8 @@ def build_corpus(tok: Tokenizer, tokenizer_path: str, cache: str,
             "excluded_dirs": sorted(EXCLUDED_DIRS), "heldout_files": list(HELDOUT),
             "text_sha256": digest.hexdigest(), "text_sha256_of": "each file's UTF-8 text + b'\\0', in order",
             "num_tokens": int(tokens.size), "tokenizer_sha256": tok_sha, "max_files": max_files}
-    os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
-    np.savez(cache, tokens=tokens, meta=json.dumps(meta))
+    with atomic_path(cache if cache.endswith(".npz") else cache + ".npz") as tmp:
+        np.savez(tmp, tokens=tokens, meta=json.dumps(meta))
     return tokens, meta
 
 

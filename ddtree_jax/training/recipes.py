@@ -17,7 +17,6 @@ schedule and optimizer state start fresh) instead of random weights.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddtree_jax.atomic_io import write_json
 from ddtree_jax.training import data, trainer
 from ddtree_jax.checkpoint import load_target, save_target_hf
 from ddtree_jax.config import DrafterConfig, ModelConfig
@@ -72,8 +72,7 @@ def train_target(c, workdir: str, export_dir: str | None = None) -> dict:
                "final_loss": float(losses[-min(50, total):].mean()), "loop_seconds": time.perf_counter() - t0,
                "device": jax.devices()[0].device_kind, "data": meta, "config": c.to_dict(),
                "command": " ".join(sys.argv)}
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=str)
+    write_json(os.path.join(workdir, "summary.json"), summary, indent=2, default=str)
     if export_dir:
         save_target_hf(export_dir, cfg, trainer.cast_params(state["params"], c.export_dtype))
     trainer.plot_losses(losses, os.path.join(workdir, "loss.png"), "target: next-token cross-entropy")
@@ -150,8 +149,7 @@ def train_drafter(c, workdir: str, export_dir: str | None = None) -> dict:
                "device": jax.devices()[0].device_kind, "data": meta, "config": c.to_dict(),
                "init": init,
                "command": " ".join(sys.argv)}
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=str)
+    write_json(os.path.join(workdir, "summary.json"), summary, indent=2, default=str)
     if export_dir:
         save_drafter(export_dir, dcfg, trainer.cast_params(state["params"], c.export_dtype))
     trainer.plot_losses(losses, os.path.join(workdir, "loss.png"),

@@ -23,6 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from ddtree_jax import drafter as dft
+from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax import engine
 from ddtree_jax import model as tgt
 from ddtree_jax.config import DrafterConfig, ModelConfig
@@ -288,5 +289,6 @@ def plot_losses(losses: np.ndarray, path: str, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)

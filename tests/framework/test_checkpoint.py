@@ -15,8 +15,9 @@ from safetensors.numpy import load_file, save_file
 from ddtree_jax.checkpoint import (CheckpointError, load_target, restore_checkpoint, save_checkpoint,
                                    save_target_hf)
 from ddtree_jax.config import ConfigError, ModelConfig, QuantConfig
-from ddtree_jax.model import init_target, target_logits
+from ddtree_jax.model import target_logits
 from pallas_kernels import moe
+from tests.io_testing import assert_identical, like_init, random_params
 
 TOKENS = np.arange(10, dtype=np.int32).reshape(2, 5) * 37 % 512
 LM = "language_model."
@@ -27,47 +28,10 @@ def _cfg(quant: str, **kw) -> ModelConfig:
 
 
 @functools.cache
-def _abstract(cfg, dtype):
-    return jax.eval_shape(functools.partial(init_target, cfg, dtype=dtype), jax.random.key(0))
-
-
-def _random_params(cfg: ModelConfig, dtype, seed: int = 0):
-    """init_target's pytree filled with random values (cheaper than init_target on a busy CPU)."""
-    rng = np.random.default_rng(seed)
-    params = jax.tree.map(lambda s: jnp.asarray((rng.standard_normal(s.shape) * 0.05).astype(s.dtype)),
-                          _abstract(cfg, dtype))
-    e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    for layer in range(cfg.num_hidden_layers):
-        if cfg.is_moe_layer(layer):
-            w = [jnp.asarray(rng.standard_normal((e,) + s) * 0.05, jnp.float32)
-                 for s in ((i, d), (i, d), (d, i))]
-            if cfg.quant.format == "bf16":
-                experts = moe.prepare_experts_bf16(*[x.astype(dtype) for x in w])
-            else:
-                experts = moe.prepare_experts_int4(*[y for x in w for y in moe.quantize_int4(x)])
-            params[f"layers_{layer}"]["mlp"]["experts"] = experts
-    return params
-
-
-def _assert_identical(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def _assert_like_init(cfg, params, dtype):
-    want = _abstract(cfg, dtype)
-    assert jax.tree.structure(params) == jax.tree.structure(want)
-    for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
-        assert (x.shape, x.dtype) == (s.shape, s.dtype)
-
-
-@functools.cache
 def _model(quant: str):
     """(cfg, float32 params, reference logits) of the tiny preset with `quant` experts."""
     cfg = _cfg(quant)
-    params = _random_params(cfg, jnp.float32)
+    params = random_params(cfg, jnp.float32)
     return cfg, params, np.asarray(target_logits(params, cfg, TOKENS))
 
 
@@ -116,8 +80,8 @@ def test_hf_round_trip(tmp_path, quant, shard_bytes, prefix):
     assert all(k.startswith(LM) == bool(prefix) for k in load_file(tmp_path / first))
     cfg2, params2 = load_target(tmp_path, dtype=jnp.float32)
     assert cfg2 == cfg
-    _assert_like_init(cfg, params2, jnp.float32)
-    _assert_identical(params, params2)
+    like_init(cfg, params2, jnp.float32)
+    assert_identical(params, params2)
     np.testing.assert_array_equal(np.asarray(target_logits(params2, cfg2, TOKENS)), logits)
 
 
@@ -143,11 +107,11 @@ def test_hf_names_and_orientation(saved, quant):
 
 def test_bf16_params_round_trip(tmp_path):
     cfg = _cfg("int4")
-    params = _random_params(cfg, jnp.bfloat16, seed=1)
+    params = random_params(cfg, jnp.bfloat16, seed=1)
     save_target_hf(tmp_path, cfg, params, max_shard_bytes=100_000)
     cfg2, params2 = load_target(tmp_path)  # default dtype: bfloat16
-    _assert_like_init(cfg, params2, jnp.bfloat16)
-    _assert_identical(params, params2)
+    like_init(cfg, params2, jnp.bfloat16)
+    assert_identical(params, params2)
 
 
 def test_int4_scales_load_as_float16(saved, tmp_path):
@@ -157,7 +121,7 @@ def test_int4_scales_load_as_float16(saved, tmp_path):
     cfg, params, logits = _model("int4")
     cfg16, params16 = load_target(saved("int4"), dtype=jnp.float32, scale_dtype="float16")
     assert cfg16 == dataclasses.replace(cfg, quant=QuantConfig("int4", 32, "float16"))
-    _assert_like_init(cfg16, params16, jnp.float32)
+    like_init(cfg16, params16, jnp.float32)
     experts = params16["layers_1"]["mlp"]["experts"]
     assert {experts[k].dtype for k in experts if k.endswith("qscale")} == {jnp.dtype(jnp.float16)}
     np.testing.assert_array_equal(np.asarray(target_logits(params16, cfg16, TOKENS)), logits)
@@ -171,22 +135,22 @@ def test_int4_scales_load_as_float16(saved, tmp_path):
 def test_float32_checkpoint_loads_as_bf16(saved):
     cfg, params, _ = _model("bf16")
     _, params2 = load_target(saved("bf16"), dtype=jnp.bfloat16)
-    _assert_like_init(cfg, params2, jnp.bfloat16)     # every leaf bf16 but the float32 router bias
+    like_init(cfg, params2, jnp.bfloat16)     # every leaf bf16 but the float32 router bias
     assert params2["layers_1"]["mlp"]["gate"]["e_score_correction_bias"].dtype == jnp.float32
     # every value: the float32 one rounded to the leaf's dtype (the bias unrounded)
-    _assert_identical(jax.tree.map(lambda a, b: a.astype(b.dtype), params, params2), params2)
+    assert_identical(jax.tree.map(lambda a, b: a.astype(b.dtype), params, params2), params2)
 
 
 def test_plain_q_proj_and_tied_embeddings(tmp_path):
     cfg = ModelConfig.preset("tiny", q_lora_rank=None, tie_word_embeddings=True)
-    params = _random_params(cfg, jnp.float32, seed=2)
+    params = random_params(cfg, jnp.float32, seed=2)
     params["lm_head"]["kernel"] = params["embed_tokens"]["embedding"].T
     save_target_hf(tmp_path / "a", cfg, params)
     assert "model.layers.0.self_attn.q_proj.weight" in load_file(tmp_path / "a" / "model.safetensors")
     _copy(tmp_path / "a", tmp_path / "b", edit_tensors=lambda t: t.pop("lm_head.weight"))
     cfg2, params2 = load_target(tmp_path / "b", dtype=jnp.float32)
     assert cfg2 == cfg
-    _assert_identical(params, params2)
+    assert_identical(params, params2)
 
 
 def test_known_unused_tensors_are_ignored(saved, tmp_path):
@@ -194,7 +158,7 @@ def test_known_unused_tensors_are_ignored(saved, tmp_path):
         t["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)
         t["model.layers.3.mlp.gate.weight"] = np.zeros((16, 64), np.float32)   # the MTP layer
     _copy(saved("bf16"), tmp_path, add, lambda c: c.update(num_nextn_predict_layers=1))
-    _assert_identical(_model("bf16")[1], load_target(tmp_path, dtype=jnp.float32)[1])
+    assert_identical(_model("bf16")[1], load_target(tmp_path, dtype=jnp.float32)[1])
 
 
 def test_multimodal_tensors_are_ignored_under_the_prefix(tmp_path):
@@ -208,25 +172,25 @@ def test_multimodal_tensors_are_ignored_under_the_prefix(tmp_path):
     index["weight_map"].update({k: "vision.safetensors" for k in vision})
     with open(tmp_path / "model.safetensors.index.json", "w") as f:
         json.dump(index, f)
-    _assert_identical(params, load_target(tmp_path, dtype=jnp.float32)[1])
+    assert_identical(params, load_target(tmp_path, dtype=jnp.float32)[1])
 
 
 @pytest.mark.parametrize("quant, dtype", [("bf16", jnp.float32), ("int4", jnp.bfloat16)])
 def test_orbax_round_trip_bit_exact(tmp_path, quant, dtype):
     cfg = _cfg(quant)
-    params = _random_params(cfg, dtype, seed=3)
+    params = random_params(cfg, dtype, seed=3)
     save_checkpoint(tmp_path, cfg, params)
     assert os.path.exists(tmp_path / "int4_layout.json") == (quant == "int4")
     cfg2, params2 = restore_checkpoint(tmp_path)
     assert cfg2 == cfg
-    _assert_identical(params, params2)
+    assert_identical(params, params2)
 
 
 def test_orbax_refuses_int4_experts_of_another_layout(tmp_path):
     """INT4 experts are saved in the kernels' layout: a checkpoint without the layout marker (read
     as layout 1) or with another version is refused, not misread."""
     cfg = _cfg("int4")
-    save_checkpoint(tmp_path, cfg, _random_params(cfg, jnp.bfloat16, seed=4))
+    save_checkpoint(tmp_path, cfg, random_params(cfg, jnp.bfloat16, seed=4))
     os.remove(tmp_path / "int4_layout.json")
     with pytest.raises(CheckpointError, match="kernel layout version 1, this code reads version 2"):
         restore_checkpoint(tmp_path)
