@@ -2,8 +2,8 @@
 
 `atomic_path(path)` yields a temporary name beside `path` (same extension, hidden by TMP_PREFIX);
 on a clean exit the file is fsynced and renamed over `path` (os.replace), then the directory is
-fsynced; on an error the temporary file is removed (`temp_file`: the same, without the rename). `atomic_write` and `write_json` open and fill
-it. `staged_directory(path, overwrite)` yields a new directory beside `path` that takes its place
+fsynced; on an error the temporary file is removed (`temp_file`: the same, without the rename).
+`atomic_write` and `write_json` open and fill it. `staged_directory(path, overwrite)` yields a new directory beside `path` that takes its place
 whole on a clean exit (an existing `path` is swapped out only with overwrite=True).
 """
 
