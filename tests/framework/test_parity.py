@@ -5,6 +5,7 @@ of the float32 target explains."""
 import itertools
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,3 +101,17 @@ def test_a_logit_near_tie_is_still_one(case):
     assert parity.tie_reason(tied, prefix, first, second) == "logits"
     assert parity.check_greedy(tied, [prefix], [[first]], [[second]], "tied") == 1
     assert parity.check_greedy(tied, [prefix], [[first, 5]], [[first, 5]], "equal") == 0
+
+
+@pytest.mark.parametrize("tokens, d, experts", [(56, 256, 8), (1024, 7168, 384)])
+def test_router_logits_are_full_float32_at_default_precision(tokens, d, experts):
+    """The expert choice reads these logits: at JAX's default matmul precision a GPU multiplies
+    float32 as TF32 (relative error ~1e-3, enough to flip a near-tie); the router asks for full
+    float32. Shapes: the shipped pair's verify at budget 55, and Kimi-K2's router at 1,024 tokens."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((tokens, d)).astype(np.float32)
+    kernel = (rng.standard_normal((d, experts)) / np.sqrt(d)).astype(np.float32)
+    with jax.default_matmul_precision("default"):
+        got = np.asarray(tgt.router_logits(jnp.asarray(x, jnp.bfloat16), jnp.asarray(kernel)), np.float64)
+    want = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) @ kernel.astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
