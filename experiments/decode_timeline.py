@@ -20,7 +20,7 @@ calls ahead to the end), "device" the whole decode as one call (decode_loop="dev
 with engine.DEVICE_LOOP_GRAPHS), "device_xla_graphs" the same call compiled with XLA's default
 command buffers. Before any timing, one untimed decode per loop
 and batch: every loop must emit the same tokens, and ar's (ddtree_jax.bench.parity.check_greedy: equal,
-or apart from a near-tie in the target's logits at bf16 rounding), ar's being those of an ar point
+or apart where the float32 target is at a near-tie of its logits or an expert choice), ar's being those of an ar point
 of the same streams earlier in --points, else an untimed engine.generate(method="ar"); the timed
 decodes must match across loops too. Reported: median wall ms, the steps the device ran, and the median
 host time to dispatch one call (the step's launches: when it exceeds the device time of a call,

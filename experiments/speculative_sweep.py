@@ -15,10 +15,11 @@ dispatch setting), the step-time breakdown (engine stage times), steps. Each fin
 appended to <out_dir>/results.jsonl (flushed and fsynced); a restart with the same config on the
 same JAX backend and device kind skips the points already there. At the end: a summary table on
 stdout, <out_dir>/sweep_T<temperature>.png per temperature, and with `results_dir` set the run's
-record there (ddtree_jax.bench.record; configs/sweep_h200.py writes it to results/). At temperature 0 a speculative
-point's tokens must be ar's (ddtree_jax.bench.parity.check_greedy: equal, or apart from a near-tie in the
-target's logits, counted in "greedy_ties") before its numbers are recorded; ar's records keep their
-tokens for that check, in this run and in a resumed one.
+record there (ddtree_jax.bench.record; configs/sweep_h200.py writes it to results/). At
+temperature 0 a speculative point's tokens must be ar's (ddtree_jax.bench.parity.check_greedy:
+equal, or apart where the float32 target is at a near-tie of its logits or of an expert choice,
+counted in "greedy_ties") before its numbers are recorded; ar's records keep their tokens for that
+check, in this run and in a resumed one.
 ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
 step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2).
 """
