@@ -126,11 +126,17 @@ def _wrapped(edit):
      r"quantization_config and text_config\.quantization_config disagree"),
 ], ids=lambda v: None if callable(v) else re.sub(r"\W+", "-", v)[:40])
 def test_model_config_json_names_the_field_and_the_file(tmp_path, edit, pattern):
-    d = json.loads(json.dumps(TINY.to_hf()))
+    _assert_refused(tmp_path, ModelConfig, TINY, edit, pattern)
+
+
+def _assert_refused(tmp_path, cls, config, edit, pattern):
+    """config's config.json, changed by `edit`, is refused by cls.from_hf naming the file and
+    the `pattern`."""
+    d = json.loads(json.dumps(config.to_hf()))
     edit(d)
     (tmp_path / "config.json").write_text(json.dumps(d))
     with pytest.raises(ConfigError, match=_named(tmp_path / "config.json", pattern)):
-        ModelConfig.from_hf(tmp_path)
+        cls.from_hf(tmp_path)
 
 
 def test_rope_spellings_and_default_rope_type():
@@ -185,11 +191,7 @@ DRAFTER = DrafterConfig.for_target(TINY, block_size=4)
     (_set(max_position_embeddings=4096.0), r"drafter max_position_embeddings must be >= 1 and an int"),
 ], ids=lambda v: None if callable(v) else re.sub(r"\W+", "-", v)[:40])
 def test_drafter_config_json_names_the_field_and_the_file(tmp_path, edit, pattern):
-    d = json.loads(json.dumps(DRAFTER.to_hf()))
-    edit(d)
-    (tmp_path / "config.json").write_text(json.dumps(d))
-    with pytest.raises(ConfigError, match=_named(tmp_path / "config.json", pattern)):
-        DrafterConfig.from_hf(tmp_path)
+    _assert_refused(tmp_path, DrafterConfig, DRAFTER, edit, pattern)
 
 
 # ---- damaged files ------------------------------------------------------------------------
