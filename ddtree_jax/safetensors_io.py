@@ -135,6 +135,7 @@ class TensorReader:
             self._stack.close()
             raise
         self._where = weight_map
+        self.directory = directory
         self.names = frozenset(weight_map)
         self.check_finite = check_finite
 
@@ -155,8 +156,9 @@ class TensorReader:
         a = self._handles[self._where[name]].get_tensor(name)
         if self.check_finite and self.dtype(name) in FLOAT_DTYPES and not np.isfinite(a).all():
             bad = int(a.size - np.isfinite(a).sum())
-            raise CheckpointError(f"tensor {name!r} ({self._where[name]}) holds {bad} NaN or Inf "
-                                  "value(s); load with check_finite=False to read it anyway")
+            where = os.path.join(self.directory, self._where[name])
+            raise CheckpointError(f"tensor {name!r} ({where}) holds {bad} NaN or Inf value(s); "
+                                  "load with check_finite=False to read it anyway")
         return a
 
 

@@ -39,19 +39,29 @@ def step_bytes(plan: Plan, streams: int, max_len: int, itemsize: int) -> dict[st
 
 
 def free_bytes(device) -> int | None:
-    """Bytes the device can still allocate: its allocator's limit less what is in use (GPU), the
-    host's available memory (CPU), or None where neither is known."""
+    """Bytes the device can still allocate: its allocator's limit less what is in use (GPU); on a
+    CPU the host's available memory, or the process's cgroup limit less its usage where that is
+    lower; None where neither is known."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    if device.platform == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                fields = dict(line.split(":", 1) for line in f)
-            return int(fields["MemAvailable"].split()[0]) * 1024
-        except (OSError, KeyError, ValueError):
-            return None
-    return None
+    if device.platform != "cpu":
+        return None
+    free = []
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        free.append(int(fields["MemAvailable"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit, used = f.read().strip(), g.read().strip()
+        if limit != "max":
+            free.append(int(limit) - int(used))
+    except (OSError, ValueError):
+        pass
+    return min(free) if free else None
 
 
 def check_memory(plan: Plan, streams: int, max_len: int, tparams) -> None:

@@ -1,6 +1,7 @@
 """A decode whose caches, tree and logits cannot fit is refused before anything is allocated, with
 what it needs and what is free; the bound counts the shapes it names."""
 
+import io
 import math
 
 import jax
@@ -68,3 +69,21 @@ def test_a_budget_beyond_the_hosts_memory_is_refused_on_the_real_count(pair):
     with pytest.raises(ValueError, match=r"budget=1048576 with 1 stream\(s\) .* GiB beyond the params "
                                          r"\(tree 1152\.\d+, .*\), but [\d.]+ GiB is free"):
         dj.generate(target, drafter, [[1, 2, 3]], method="ddtree", budget=2 ** 20, max_new_tokens=4)
+
+
+def test_a_cpu_hosts_free_memory_is_the_lower_of_meminfo_and_its_cgroup(monkeypatch):
+    files = {"/proc/meminfo": "MemTotal: 100 kB\nMemAvailable:  8388608 kB\n",     # 8 GiB
+             "/sys/fs/cgroup/memory.max": "6442450944\n", "/sys/fs/cgroup/memory.current": "2147483648\n"}
+
+    def fake_open(path, *a, **k):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(memory, "open", fake_open, raising=False)
+    cpu = jax.devices("cpu")[0]
+    assert memory.free_bytes(cpu) == 4 * 2 ** 30            # cgroup: 6 GiB limit, 2 GiB used
+    files["/sys/fs/cgroup/memory.max"] = "max\n"
+    assert memory.free_bytes(cpu) == 8 * 2 ** 30            # no cgroup limit: MemAvailable
+    del files["/proc/meminfo"], files["/sys/fs/cgroup/memory.max"]
+    assert memory.free_bytes(cpu) is None                   # nothing known: no check
