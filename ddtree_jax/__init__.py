@@ -10,7 +10,7 @@ from ddtree_jax.serving import serve
 from ddtree_jax.model import (ForwardOut, LatentCache, forward, init_cache, init_target,
                               target_logits)
 from ddtree_jax.sampling import Sampling
-from ddtree_jax.tree import Tree, build_tree, follow_tree
+from ddtree_jax.tree import Tree, build_shared_tree, build_tree, follow_tree
 
 __all__ = [
     "ConfigError", "DrafterConfig", "ModelConfig", "QuantConfig", "RopeScaling", "Kernels",
@@ -19,5 +19,5 @@ __all__ = [
     "load_target", "save_target_hf", "save_checkpoint", "restore_checkpoint",
     "DrafterCache", "init_drafter", "init_drafter_cache", "drafter_hidden", "append_context",
     "draft_block", "load_drafter", "save_drafter",
-    "Tree", "build_tree", "follow_tree", "GenerateResult", "generate", "serve",
+    "Tree", "build_tree", "build_shared_tree", "follow_tree", "GenerateResult", "generate", "serve",
 ]

@@ -1,4 +1,5 @@
-"""DDTree on the accelerator: `build_tree` (exact best-first draft tree) and `follow_tree`.
+"""DDTree on the accelerator: `build_tree` (exact best-first draft tree), `build_shared_tree` (one
+budget shared by all streams) and `follow_tree`.
 
 Shapes: S streams, L draft depths, V vocabulary, B budget (non-root nodes), N = B + 1 (root = 0).
 
@@ -19,8 +20,17 @@ that `topk_impl` names ("auto": Pallas on a GPU, XLA elsewhere). Under a mesh th
 is taken per vocabulary shard and merged (`sharding.topk_logsumexp`), so [S, L, V] never leaves
 its shards.
 
-Padding nodes (index > num_nodes, only when fewer than B distinct prefixes exist): token 0,
-depth 0, parent -1, score -inf; each sees only itself and nothing sees it.
+Shared budget (`build_shared_tree(draft_logits, total, cap)`): the `total` best prefixes over all
+streams, at most `cap` per stream, taken in the order
+    (score desc, position in its stream's node order asc, stream asc)
+over each stream's first `cap` nodes, exactly as the golden
+`ddtree_jax.reference.tree_ref.shared_search_reference` pops them. Each stream's list is in node
+order with non-increasing scores, so the order restricted to one stream is its node order: a stream
+gets a prefix of its `build_tree(draft_logits, cap)` nodes, a prefix-closed tree of B = cap nodes.
+
+Padding nodes (index > num_nodes: fewer than B distinct prefixes exist, or the shared budget gave
+the stream fewer than B): token 0, depth 0, parent -1, score -inf; each sees only itself and
+nothing sees it.
 """
 
 from __future__ import annotations
@@ -33,14 +43,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import sharding
-from ddtree_jax.checks import check_int
+from ddtree_jax.checks import INT32_MAX, check_int
 from pallas_kernels import registry
 from pallas_kernels.tree_accept.xla import walk
 from pallas_kernels.topk import topk, topk_logsumexp
 from pallas_kernels.tree_search import num_real_nodes, tree_search
 from pallas_kernels.tree_search.xla import LOGP_FLOOR, ancestors, pack_bits
 
-__all__ = ["LOGP_FLOOR", "Tree", "ancestors", "build_tree", "build_tree_from_logprobs",
+__all__ = ["LOGP_FLOOR", "Tree", "ancestors", "build_shared_tree",
+           "build_shared_tree_from_logprobs", "build_tree", "build_tree_from_logprobs",
            "follow_tree", "num_real_nodes", "pack_bits"]
 
 
@@ -119,26 +130,87 @@ def _build(x, budget: int, impl: str, given_logprobs: bool) -> Tree:
         vals = jnp.where(bad[:, None, None], 0.0, vals)
     fields = tree_search(vals, tok.reshape(S, L, K), lse, budget, impl=impl)
     if bad is not None:   # such a stream gets an empty tree: every node padding
-        fields = _empty_where(fields, bad)
+        fields = _keep_first(fields, jnp.where(bad, 0, fields["num_nodes"]))
     return Tree(**fields, max_depth=L)  # fields' num_nodes = num_real_nodes(L, V, budget)
 
 
-def _empty_where(fields: dict, empty) -> dict:
-    """Tree fields with the streams where `empty` [S] holds made trees of no real node (every
-    node padding: token 0, depth 0, parent -1, seen by and seeing only itself)."""
+def _keep_first(fields: dict, num_nodes) -> dict:
+    """Tree fields with stream s cut to its first num_nodes[s] (int32 [S], at most its real count)
+    nodes; the later ones become padding (token 0, depth 0, parent -1, score -inf, seen by and
+    seeing only itself). A kept node's ancestors precede it, so its visibility row is unchanged."""
     n = fields["parents"].shape[1]
     eye = np.eye(n, dtype=bool)[None]                     # constants: no extra pass at run time
     eye_mask = np.zeros((1, n, -(-n // 32)), np.uint32)   # pack_bits(eye): bit i of row i
     eye_mask[0, np.arange(n), np.arange(n) // 32] = np.uint32(1) << (np.arange(n) % 32).astype(np.uint32)
     eye_mask = eye_mask.view(np.int32)
-    rows, cube = empty[:, None], empty[:, None, None]
-    return dict(fields, tokens=jnp.where(rows, 0, fields["tokens"]),
-                depths=jnp.where(rows, 0, fields["depths"]),
-                parents=jnp.where(rows, -1, fields["parents"]),
-                num_nodes=jnp.where(empty, 0, fields["num_nodes"]),
-                visibility=jnp.where(cube, eye, fields["visibility"]),
-                node_mask=jnp.where(cube, eye_mask, fields["node_mask"]),
-                scores=jnp.where(rows, -jnp.inf, fields["scores"]))
+    keep = jnp.arange(n)[None, :] <= num_nodes[:, None]   # [S, B+1]: root, nodes 1..num_nodes
+    rows, cube = keep[:, 1:], keep[:, :, None]
+    return dict(fields, tokens=jnp.where(rows, fields["tokens"], 0),
+                depths=jnp.where(rows, fields["depths"], 0),
+                parents=jnp.where(keep, fields["parents"], -1),
+                num_nodes=num_nodes.astype(jnp.int32),
+                visibility=jnp.where(cube, fields["visibility"], eye),
+                node_mask=jnp.where(cube, fields["node_mask"], eye_mask),
+                scores=jnp.where(rows, fields["scores"], -jnp.inf))
+
+
+def build_shared_tree(draft_logits: jax.Array, total: int, cap: int, *,
+                      topk_impl: str = "auto") -> Tree:
+    """draft_logits [S, L, V] -> Tree of the `total` best prefixes over all streams, at most `cap`
+    per stream (order and ties: the module docstring).
+
+    The Tree has B = cap nodes per stream; stream s holds num_nodes[s] <= cap real nodes, the first
+    num_nodes[s] nodes of `build_tree(draft_logits, cap)`'s stream s, and sum(num_nodes) =
+    min(total, the real nodes of those trees). total >= S * cap gives
+    `build_tree(draft_logits, cap)` itself; total = 0 gives trees of padding only. total and cap are Python ints (static under
+    jit); one compilation per shape and cap serves every total.
+    topk_impl and non-finite logits as in `build_tree`: a stream whose logits hold NaN or +inf under
+    a trace gets an empty tree and takes nothing from `total`.
+    """
+    check_int("total", total, 0)
+    check_int("cap", cap, 1)
+    _check_logits(draft_logits, "draft_logits")
+    return _build_shared(draft_logits, jnp.int32(min(total, INT32_MAX)), int(cap),
+                         registry.resolve("topk_logsumexp", topk_impl), False)
+
+
+def build_shared_tree_from_logprobs(logp: jax.Array, total: int, cap: int, *,
+                                    topk_impl: str = "auto") -> Tree:
+    """Like `build_shared_tree`, but logp [S, L, V] are used as the per-depth log-probs as given."""
+    check_int("total", total, 0)
+    check_int("cap", cap, 1)
+    _check_logits(logp, "logp")
+    return _build_shared(logp, jnp.int32(min(total, INT32_MAX)), int(cap),
+                         registry.resolve("topk", topk_impl), True)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _build_shared(x, total, cap: int, impl: str, given_logprobs: bool) -> Tree:
+    # total is an operand, not static: one compilation per shape and cap serves every total
+    tree = _build(x, cap, impl, given_logprobs)
+    fields = {f.name: getattr(tree, f.name)
+              for f in dataclasses.fields(Tree) if f.name != "max_depth"}
+    return Tree(**_keep_first(fields, _shared_counts(tree.scores, tree.num_nodes, total)),
+                max_depth=tree.max_depth)
+
+
+def _shared_counts(scores: jax.Array, num_nodes: jax.Array, total) -> jax.Array:
+    """How many nodes each stream gets when `total` nodes are taken over all streams.
+
+    scores [S, B] float32: each stream's nodes in node order (non-increasing over its real nodes);
+    num_nodes [S]: node p of stream s is real when p < num_nodes[s]; total: int scalar >= 0. The
+    `total` real nodes first in the order (score desc, p asc, s asc) are taken; returns int32 [S],
+    their count per stream (a prefix of each stream's nodes).
+    """
+    S, B = scores.shape
+    real = (jnp.arange(B)[None, :] < num_nodes[:, None]).T.reshape(B * S)
+    # flat index p * S + s ascends with (p, s); a stable ascending sort of -score keeps that order
+    # among equal scores (0.0 and -0.0 alike); padding sorts last
+    flat = scores.T.reshape(B * S)
+    key = jnp.where(real, jnp.where(flat == 0, 0.0, -flat), jnp.inf)
+    order = jnp.argsort(key, stable=True)
+    taken = jnp.zeros((B * S,), bool).at[order].set(jnp.arange(B * S) < total) & real
+    return jnp.sum(taken.reshape(B, S), axis=0, dtype=jnp.int32)
 
 
 def follow_tree(tree: Tree, posterior: jax.Array):

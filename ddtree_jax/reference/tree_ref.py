@@ -1,4 +1,5 @@
-"""Numpy goldens for DDTree: a literal heap-based best-first `build_tree`, and `follow_tree`.
+"""Numpy goldens for DDTree: a literal heap-based best-first `build_tree`, its shared-budget
+sibling `build_shared_tree` (a heap over all streams' prefixes), and `follow_tree`.
 
 Written from the math (docs/design.md, section 2), in float64, without calling the JAX code.
 
@@ -15,6 +16,7 @@ exactly this order.
 from __future__ import annotations
 
 import heapq
+import itertools
 
 import numpy as np
 
@@ -29,6 +31,59 @@ def log_softmax_reference(x) -> np.ndarray:
     return np.maximum(x - lse, LOGP_FLOOR)
 
 
+def _best_first(logp, K: int):
+    """One stream's prefixes in node order, lazily. logp [L, V] float64; only each depth's K best
+    tokens extend a prefix (K >= the number of nodes wanted suffices: a sibling of lower rank
+    precedes every node). Yields (token, depth, parent node index (0 = root), score); node i is the
+    i-th yield."""
+    L = logp.shape[0]
+    order = [np.argsort(-logp[d], kind="stable")[:K] for d in range(L)]
+    node_of = {(): 0}  # rank path -> node index
+    score_of = {(): 0.0}
+    heap = []
+
+    def push(path):
+        d = len(path)
+        sc = score_of[path[:-1]] + logp[d - 1, order[d - 1][path[-1]]]
+        anc = tuple(-score_of[path[:i]] for i in range(d - 1, 0, -1))
+        heapq.heappush(heap, ((-sc, d) + anc + path, path, sc))
+
+    push((0,))
+    n = 0
+    while heap:
+        _, path, sc = heapq.heappop(heap)
+        n += 1
+        d = len(path)
+        node_of[path], score_of[path] = n, sc
+        yield int(order[d - 1][path[-1]]), d, node_of[path[:-1]], sc
+        if path[-1] + 1 < len(order[d - 1]):
+            push(path[:-1] + (path[-1] + 1,))
+        if d < L:
+            push(path + (0,))
+
+
+def _empty_tree(S: int, budget: int) -> dict:
+    """Tree fields of S streams of `budget` padding nodes each, num_nodes 0."""
+    return dict(tokens=np.zeros((S, budget), np.int32), depths=np.zeros((S, budget), np.int32),
+                scores=np.full((S, budget), -np.inf), parents=np.full((S, budget + 1), -1, np.int32),
+                num_nodes=np.zeros(S, np.int32))
+
+
+def _put(out: dict, s: int, node) -> None:
+    """Append `node` = (token, depth, parent, score) to stream s of `out` as its next node."""
+    n = out["num_nodes"][s] = out["num_nodes"][s] + 1
+    token, depth, parent, score = node
+    out["tokens"][s, n - 1], out["depths"][s, n - 1], out["scores"][s, n - 1] = token, depth, score
+    out["parents"][s, n] = parent
+
+
+def _with_visibility(out: dict) -> dict:
+    """`out` with visibility and node_mask added from its parents."""
+    out["visibility"] = visibility_reference(out["parents"])
+    out["node_mask"] = pack_bits_reference(out["visibility"])
+    return out
+
+
 def search_reference(logp, budget: int) -> dict:
     """Best-first DDTree search on per-depth log-probs logp [S, L, V] (any real values).
 
@@ -39,46 +94,60 @@ def search_reference(logp, budget: int) -> dict:
     """
     logp = np.asarray(logp, np.float64)
     S, L, V = logp.shape
-    K = min(budget, V)
-    out = dict(tokens=np.zeros((S, budget), np.int32), depths=np.zeros((S, budget), np.int32),
-               scores=np.full((S, budget), -np.inf), parents=np.full((S, budget + 1), -1, np.int32),
-               num_nodes=np.zeros(S, np.int32))
+    out = _empty_tree(S, budget)
     for s in range(S):
-        order = [np.argsort(-logp[s, d], kind="stable")[:K] for d in range(L)]
-        node_of = {(): 0}  # rank path -> node index
-        score_of = {(): 0.0}
-        heap = []
+        for node in itertools.islice(_best_first(logp[s], min(budget, V)), budget):
+            _put(out, s, node)
+    return _with_visibility(out)
 
-        def push(path):
-            d = len(path)
-            sc = score_of[path[:-1]] + logp[s, d - 1, order[d - 1][path[-1]]]
-            anc = tuple(-score_of[path[:i]] for i in range(d - 1, 0, -1))
-            heapq.heappush(heap, ((-sc, d) + anc + path, path, sc))
 
-        push((0,))
-        n = 0
-        while heap and n < budget:
-            _, path, sc = heapq.heappop(heap)
-            n += 1
-            d = len(path)
-            node_of[path], score_of[path] = n, sc
-            out["tokens"][s, n - 1] = order[d - 1][path[-1]]
-            out["depths"][s, n - 1] = d
-            out["scores"][s, n - 1] = sc
-            out["parents"][s, n] = node_of[path[:-1]]
-            if path[-1] + 1 < K:
-                push(path[:-1] + (path[-1] + 1,))
-            if d < L:
-                push(path + (0,))
-        out["num_nodes"][s] = n
-    out["visibility"] = visibility_reference(out["parents"])
-    out["node_mask"] = pack_bits_reference(out["visibility"])
-    return out
+def shared_search_reference(logp, total: int, cap: int, empty=None) -> dict:
+    """The `total` best prefixes over all streams of logp [S, L, V], at most `cap` per stream.
+
+    A best-first search over the union of the streams' prefix lattices: a heap holds, for every
+    stream below its cap with prefixes left, its best prefix not yet taken (its next node in its own
+    node order, the order of `search_reference`), keyed by
+        (score desc, the prefix's position in its stream's node order asc, stream asc);
+    each pop takes that prefix into its stream's tree, until `total` are taken or the heap is empty.
+    A prefix's parent is in the same stream, earlier and scoring at least as much, so it is always
+    taken first. Streams where empty [S] (bool) holds get no prefix and take nothing from `total`.
+    Returns `search_reference`'s fields at budget `cap`, each stream's nodes in its node order.
+    """
+    logp = np.asarray(logp, np.float64)
+    S, L, V = logp.shape
+    empty = np.zeros(S, bool) if empty is None else np.asarray(empty, bool)
+    out = _empty_tree(S, cap)
+    streams = [_best_first(logp[s], min(cap, V)) for s in range(S)]
+    heap = []
+
+    def push(s, pos):  # stream s's node at position pos (0-based) of its node order, if any
+        if pos < cap and (node := next(streams[s], None)) is not None:
+            heapq.heappush(heap, (-node[3], pos, s, node))
+
+    for s in np.flatnonzero(~empty):
+        push(int(s), 0)
+    for _ in range(total):
+        if not heap:
+            break
+        _, pos, s, node = heapq.heappop(heap)
+        _put(out, s, node)
+        push(s, pos + 1)
+    return _with_visibility(out)
 
 
 def build_tree_reference(draft_logits, budget: int) -> dict:
     """draft_logits [S, L, V] -> the DDTree of `search_reference` on their float64 log-softmax."""
     return search_reference(log_softmax_reference(draft_logits), budget)
+
+
+def build_shared_tree_reference(draft_logits, total: int, cap: int) -> dict:
+    """draft_logits [S, L, V] -> `shared_search_reference` on their float64 log-softmax. A stream
+    with a depth whose logits hold NaN or +inf, or are all -inf (no distribution), is empty."""
+    x = np.asarray(draft_logits, np.float64)
+    rows_ok = ~np.isnan(x).any(-1) & ~np.isposinf(x).any(-1) & (x > -np.inf).any(-1)   # [S, L]
+    empty = ~rows_ok.all(-1)
+    logp = log_softmax_reference(np.where(empty[:, None, None], 0.0, x))
+    return shared_search_reference(logp, total, cap, empty)
 
 
 def visibility_reference(parents) -> np.ndarray:

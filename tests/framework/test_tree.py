@@ -19,7 +19,8 @@ SHAPES = [(2, 4, 16, 20), (1, 1, 3, 10), (2, 2, 2, 10), (3, 3, 7, 40), (2, 3, 5,
           (2, 6, 4, 30), (1, 1, 40, 8)]
 
 
-def _assert_tree_equal(tree, gold):
+def assert_tree_equal(tree, gold):
+    """Every Tree field equals the golden's; scores within float32 rounding."""
     for f in FIELDS:
         np.testing.assert_array_equal(np.asarray(getattr(tree, f)), gold[f], err_msg=f)
     np.testing.assert_allclose(np.asarray(tree.scores), gold["scores"], rtol=0, atol=2e-4)
@@ -41,7 +42,7 @@ def test_build_tree_matches_heap_golden(S, L, V, budget):
         tree = T.build_tree(jnp.asarray(x), budget)
         gold_plus = R.build_tree_reference(x, budget + 1)
         if _no_near_ties(gold_plus, budget):
-            _assert_tree_equal(tree, R.build_tree_reference(x, budget))
+            assert_tree_equal(tree, R.build_tree_reference(x, budget))
             exact += 1
         else:  # a near-tie may flip under float32: same scores, still a valid tree
             gold = R.build_tree_reference(x, budget)
@@ -55,15 +56,15 @@ def test_ties_match_golden_exactly(S, L, V, budget):
     """Small-integer log-probs: exact sums, many ties, probability-1 tokens (logp 0)."""
     rng = np.random.default_rng(7 + budget)
     logp = rng.integers(-2, 1, size=(S, L, V)).astype(np.float32)
-    _assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), budget),
-                       R.search_reference(logp, budget))
+    assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), budget),
+                      R.search_reference(logp, budget))
 
 
 def test_pallas_topk_path_matches():
     rng = fresh_rng()
     logp = rng.integers(-3, 1, size=(2, 3, 12)).astype(np.float32)
-    _assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), 5, topk_impl="pallas_triton"),
-                       R.search_reference(logp, 5))
+    assert_tree_equal(T.build_tree_from_logprobs(jnp.asarray(logp), 5, topk_impl="pallas_triton"),
+                      R.search_reference(logp, 5))
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
@@ -89,12 +90,21 @@ def test_jit_matches_eager():
 def _check_invariants(tree, x):
     S, L, V = x.shape
     B = tree.tokens.shape[1]
+    assert np.all(np.asarray(tree.num_nodes) == T.num_real_nodes(L, V, B))
+    check_tree_structure(tree, R.log_softmax_reference(x))
+
+
+def check_tree_structure(tree, logp):
+    """Invariants of any Tree built from per-depth log-probs logp [S, L, V]: per stream, nodes
+    1..num_nodes are distinct prefixes after their parents with non-increasing path scores, the
+    rest padding; visibility and node_mask follow the parents."""
+    S, L, V = logp.shape
+    B = tree.tokens.shape[1]
     tok, dep, par = (np.asarray(a) for a in (tree.tokens, tree.depths, tree.parents))
-    vis, sc = np.asarray(tree.visibility), np.asarray(tree.scores)
-    n_real = T.num_real_nodes(L, V, B)
-    assert np.all(np.asarray(tree.num_nodes) == n_real)
-    logp = R.log_softmax_reference(x)
+    vis, sc, num = np.asarray(tree.visibility), np.asarray(tree.scores), np.asarray(tree.num_nodes)
     for s in range(S):
+        n_real = num[s]
+        assert 0 <= n_real <= B
         assert par[s, 0] == -1
         seen = set()
         for i in range(1, B + 1):
@@ -116,7 +126,7 @@ def _check_invariants(tree, x):
         assert np.all(np.diff(real) <= 0)  # non-increasing score
     np.testing.assert_array_equal(vis, R.visibility_reference(par))
     np.testing.assert_array_equal(np.asarray(tree.node_mask), R.pack_bits_reference(vis))
-    assert np.all(par[:, 1:] <= np.asarray(tree.num_nodes)[:, None])  # never a padding parent
+    assert np.all(par[:, 1:] <= num[:, None])  # never a padding parent
 
 
 @settings(max_examples=25, deadline=None)
