@@ -162,8 +162,8 @@ def build_shared_tree(draft_logits: jax.Array, total: int, cap: int, *,
     The Tree has B = cap nodes per stream; stream s holds num_nodes[s] <= cap real nodes, the first
     num_nodes[s] nodes of `build_tree(draft_logits, cap)`'s stream s, and sum(num_nodes) =
     min(total, the real nodes of those trees). total >= S * cap gives
-    `build_tree(draft_logits, cap)` itself; total = 0 gives trees of padding only. total and cap are Python ints (static under
-    jit); one compilation per shape and cap serves every total.
+    `build_tree(draft_logits, cap)` itself; total = 0 gives trees of padding only. total and cap
+    are Python ints (static under jit); one compilation per shape and cap serves every total.
     topk_impl and non-finite logits as in `build_tree`: a stream whose logits hold NaN or +inf under
     a trace gets an empty tree and takes nothing from `total`.
     """
