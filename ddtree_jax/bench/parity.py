@@ -62,9 +62,10 @@ def check_greedy(target, prompts: Sequence[Sequence[int]], want: Sequence[Sequen
             split[s] = i
     if not split:
         return 0
+    cfg, up = target[0], _float32(target[1])     # cast once for every differing stream
     for s, i in split.items():
         prefix = list(prompts[s]) + list(want[s][:i])
-        if tie_reason(target, prefix, want[s][i], got[s][i]) is None:
+        if _tie_reason(cfg, up, prefix, want[s][i], got[s][i]) is None:
             raise AssertionError(
                 f"{what}: stream {s} emits token {got[s][i]} at position {i} where ar emits "
                 f"{want[s][i]}; the float32 target is at no near-tie there (logits within TIE_REL, "
@@ -107,8 +108,11 @@ def tie_reason(target, prefix: Sequence[int], expected: int, emitted: int) -> st
     """Why the target (config, params) may emit `emitted` where `expected` is greedy's after the
     tokens `prefix`, judged in float32 (see the module docstring): "logits", "routing at layer l",
     or None when the float32 target is at no near-tie there."""
-    cfg, params = target
-    up = _float32(params)
+    return _tie_reason(target[0], _float32(target[1]), prefix, expected, emitted)
+
+
+def _tie_reason(cfg, up, prefix, expected: int, emitted: int) -> str | None:
+    """tie_reason with the params `up` already in float32."""
     row = _last_logits(up, cfg, prefix)
     if _supports(row, expected, emitted):
         return "logits"
