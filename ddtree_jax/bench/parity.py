@@ -116,6 +116,18 @@ def _tie_reason(cfg, up, prefix, expected: int, emitted: int) -> str | None:
     row = _last_logits(up, cfg, prefix)
     if _supports(row, expected, emitted):
         return "logits"
+    for layer, gap, order in _routing_ties(cfg, up, prefix):
+        bias = up[f"layers_{layer}"]["mlp"]["gate"]["e_score_correction_bias"]
+        k = cfg.num_experts_per_tok
+        raised = bias.at[order[k]].add(np.float32(gap + max(1e-6, 1e-3 * gap)))
+        if _supports(_last_logits(_with_bias(up, layer, raised), cfg, prefix), expected, emitted):
+            return f"routing at layer {layer}"
+    return None
+
+
+def _routing_ties(cfg, up, prefix):
+    """(layer, gap, experts by score desc) for each MoE layer where the last token of `prefix`
+    has its k-th and (k+1)-th selection scores within ROUTE_TIE (params `up` in float32)."""
     k = cfg.num_experts_per_tok
     with jax.default_matmul_precision("highest"):
         choices = routing_choices(up, cfg, _padded(prefix))
@@ -123,13 +135,15 @@ def _tie_reason(cfg, up, prefix, expected: int, emitted: int) -> str | None:
         last = np.asarray(choice[0, len(prefix) - 1], np.float64)
         order = np.argsort(-last, kind="stable")
         gap = last[order[k - 1]] - last[order[k]]
-        if not gap < ROUTE_TIE:
-            continue
-        bias = up[f"layers_{layer}"]["mlp"]["gate"]["e_score_correction_bias"]
-        raised = bias.at[order[k]].add(np.float32(gap + max(1e-6, 1e-3 * gap)))
-        if _supports(_last_logits(_with_bias(up, layer, raised), cfg, prefix), expected, emitted):
-            return f"routing at layer {layer}"
-    return None
+        if gap < ROUTE_TIE:
+            yield layer, float(gap), order
+
+
+def routing_tie_layers(target, prefix: Sequence[int]) -> list[int]:
+    """The MoE layers at which the last token of `prefix` has an expert choice within ROUTE_TIE
+    in the float32 target (its k-th and (k+1)-th selection scores): where bf16 rounding may
+    swap one of its experts, changing its hidden state (and the cache entries of later layers)."""
+    return [layer for layer, _, _ in _routing_ties(target[0], _float32(target[1]), prefix)]
 
 
 def relative_error(got, want) -> float:

@@ -91,6 +91,12 @@ def test_a_routing_near_tie_explains_exactly_the_token_it_moves_to(case):
     assert parity.tie_reason(apart, prefix, expected, moved_to) is None
 
 
+def test_routing_tie_layers_names_the_tied_layer_only(case):
+    prefix, layer = case[1], case[2]
+    assert layer in parity.routing_tie_layers(_tied(case, 1e-4), prefix)
+    assert layer not in parity.routing_tie_layers(_tied(case, 2 * parity.ROUTE_TIE), prefix)
+
+
 def test_a_logit_near_tie_is_still_one(case):
     """The lm_head column of the runner-up made 0.1% shorter than the argmax's: a logit near-tie."""
     (cfg, params), prefix = case[0], case[1]

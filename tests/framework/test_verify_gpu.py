@@ -1,6 +1,7 @@
 """Each stage of a greedy DDTree step on the GPU, checked on its own: the tree is well formed, the
 verify's logits at every node are the target's for that node's path, and the committed cache
-holds what a fresh forward of the committed tokens writes.
+holds what a fresh forward of the committed tokens writes, except for a token whose expert choice
+at an earlier layer is at a near-tie in the float32 target (`parity.routing_tie_layers`).
 
 The shipped pair in bfloat16 with the kernels "auto" picks, held-out prompts, budgets around the
 ones where greedy DDTree has left ar's tokens on an H100 (tests/framework/test_lossless_gpu.py
@@ -119,6 +120,8 @@ def test_every_stage_of_a_greedy_step_on_the_gpu(budget, prompt):
                 a = np.asarray(kv[0, :length], np.float32)
                 b = np.asarray(kv_fresh[0, :length], np.float32)
                 err = np.abs(a - b).max(axis=1) / max(float(np.abs(b).max()), 1e-30)
-                assert err.max() <= CACHE_TOL, (
-                    f"step {step} layer {layer}: cache slots {np.flatnonzero(err > CACHE_TOL)[:8]} "
-                    f"off by {err.max():.3g}")
+                for slot in np.flatnonzero(err > CACHE_TOL):   # a routing near-tie below the layer
+                    ties = parity.routing_tie_layers(target, committed[:slot + 1])
+                    assert any(t < layer for t in ties), (
+                        f"step {step} layer {layer}: cache slot {slot} off by {err[slot]:.3g}, and "
+                        f"its token is at no routing near-tie in an earlier layer (ties at {ties})")
