@@ -15,7 +15,7 @@ from ml_collections import ConfigDict
 def get_config() -> ConfigDict:
     c = ConfigDict()
     c.target = "assets/pair/target"   # any target of the framework, HF layout
-    c.tokenizer = "assets/tokenizer.json"
+    c.tokenizer = "assets/pair/tokenizer.json"
     c.corpus_cache = "runs/data/corpus.npz"
     c.corpus_max_files = 0            # 0: every training file
     c.distill_data = "runs/distill/greedy.npz"  # "": train on corpus windows instead

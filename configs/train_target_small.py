@@ -11,7 +11,7 @@ from ml_collections import ConfigDict
 
 def get_config() -> ConfigDict:
     c = ConfigDict()
-    c.tokenizer = "assets/tokenizer.json"
+    c.tokenizer = "assets/pair/tokenizer.json"
     c.corpus_cache = "runs/data/corpus.npz"
     c.corpus_max_files = 0            # 0: every training file
     c.preset = ""                     # a ModelConfig preset name instead of `model` (e.g. "tiny")

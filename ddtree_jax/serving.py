@@ -33,6 +33,7 @@ from ddtree_jax.checks import check_int
 from ddtree_jax.config import Kernels
 from ddtree_jax.engine import EngineState, GenerateResult, Plan
 from ddtree_jax.sampling import Sampling
+from ddtree_jax.tokenizer import Tokenizer
 
 
 def _put(big, small, slots, axis: int):
@@ -45,9 +46,10 @@ def _put(big, small, slots, axis: int):
 @functools.partial(jax.jit, static_argnames=("plan", "max_len", "max_out", "max_steps"),
                    donate_argnames=("state",))
 def _admit(tparams, dparams, state: EngineState, slots, reqs, prompts, lengths, max_new,
-           plan: Plan, max_len: int, max_out: int, max_steps: int) -> EngineState:
+           plan: Plan, max_len: int, max_out: int, max_steps: int) -> tuple[EngineState, jnp.ndarray]:
     """Prefill requests `reqs` [A] (rows of prompts [N, P], lengths [N], max_new [N]) together,
-    into stream slots `slots` [A] of `state`; a slot >= S (padding to a compiled size) is dropped."""
+    into stream slots `slots` [A] of `state`; a slot >= S (padding to a compiled size) is dropped.
+    -> (state, the requests' first tokens [A]: ready once they are chosen)."""
     key, sub = jax.random.split(state.key)
     new = engine.initial_state(tparams, dparams, prompts[reqs], lengths[reqs], max_new[reqs], sub,
                                plan, max_len, max_out, max_steps)
@@ -60,7 +62,7 @@ def _admit(tparams, dparams, state: EngineState, slots, reqs, prompts, lengths, 
                               _put(dcache.lengths, new.dcache.lengths, slots, 0))
     rows = {f: _put(getattr(state, f), getattr(new, f), slots, 0)
             for f in ("pending", "out_tokens", "out_len", "accept", "done", "max_new")}
-    return engine.shard_state(state.replace(tcache=tcache, dcache=dcache, key=key, **rows))
+    return engine.shard_state(state.replace(tcache=tcache, dcache=dcache, key=key, **rows)), new.pending
 
 
 @jax.jit
@@ -78,30 +80,37 @@ def batch_sizes(streams: int) -> tuple[int, ...]:
     return tuple(sizes) + (streams,)
 
 
-def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, method: str = "ddtree",
-          budget: int = 64, max_new_tokens: int | Sequence[int] = 64,
+def serve(target, drafter, prompts: Sequence[str | Sequence[int]], *, streams: int,
+          method: str = "ddtree", budget: int = 64, max_new_tokens: int | Sequence[int] = 64,
           sampling: Sampling | None = None, seed: int = 0, stop_tokens: int | Sequence[int] = (),
           max_len: int | None = None, kernels: Kernels | None = None,
-          decoding: engine.Decoding | None = None, **options) -> GenerateResult:
+          decoding: engine.Decoding | None = None, tokenizer: Tokenizer | None = None,
+          **options) -> GenerateResult:
     """Serve every prompt (one request each, in order) with `streams` slots decoding at once.
 
     Arguments as `engine.generate` (max_new_tokens: one int or one per request; kernels'
-    attn_balance is meant for this ragged case: the slots' contexts differ); of `decoding`, serve
-    uses steps_per_call, max_lag and warmup. Returns a GenerateResult with one entry per request
-    in `tokens`, `acceptance_lengths` and `request_seconds` (host clock from the request's
-    admission, or the start for the first `streams`, to the host seeing it done: up to max_lag
-    calls late); `steps` counts the steps in which some slot was active, `decode_seconds` the
-    serving wall time, `prefill_seconds` the first `streams` prompts' prefill; no stage times.
+    attn_balance is meant for this ragged case: the slots' contexts differ; prompts: token lists
+    or, with `tokenizer`, strings); of `decoding`, serve uses steps_per_call, max_lag and warmup.
+    Returns a GenerateResult with one entry per request in `tokens`, `texts` (with a tokenizer),
+    `acceptance_lengths` and `request_seconds` (host clock from the request's admission, or the
+    start for the first `streams`, to the host seeing it done: up to max_lag calls late); `steps`
+    counts the steps in which some slot was active, `decode_seconds` the serving wall time,
+    `prefill_seconds` the first `streams` prompts' prefill (timed after a warm-up one with
+    warmup); no stage times. Every request arrives at the start: `first_token_seconds` and
+    `last_token_seconds` run from the first prefill's start, compile and warm-up left out, to the
+    host seeing the request's first token chosen (its admission's prefill done) and the request
+    done.
     """
     check_int("streams", streams, 1)
     sampling, kernels, decoding = engine.resolve_options(sampling, kernels, decoding, **options)
     steps_per_call, lag, warmup = decoding.steps_per_call, decoding.lag, decoding.warmup
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
                       max_new_tokens=max_new_tokens, sampling=sampling, stop_tokens=stop_tokens,
-                      max_len=max_len, kernels=kernels)
+                      max_len=max_len, kernels=kernels, tokenizer=tokenizer)
     plan, tparams = su.plan, target[1]
     dparams = drafter[1] if plan.dcfg is not None else None
-    n, s = len(prompts), min(int(streams), len(prompts))
+    n = len(su.lengths)
+    s = min(int(streams), n)
     engine.check_memory(plan, s, su.max_len, tparams)
     # Global step columns of `accept`: a request is active <= max_new steps, a slot idles <= lag + 1
     # calls between two requests, and the loop ends <= lag calls after the last one is done.
@@ -110,10 +119,16 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     prompts_dev = jnp.asarray(su.prompts)
     lengths_dev, max_new_dev = jnp.asarray(su.lengths), jnp.asarray(su.max_new)
 
+    def prefill():                 # the first `s` requests into the slots
+        return engine.initial_state(tparams, dparams, prompts_dev[:s], lengths_dev[:s],
+                                    max_new_dev[:s], jax.random.key(seed), **static)
+
     t0 = time.perf_counter()
-    state = engine.initial_state(tparams, dparams, prompts_dev[:s], lengths_dev[:s],
-                                 max_new_dev[:s], jax.random.key(seed), **static)
-    jax.block_until_ready(state)
+    if warmup:   # the prefill's compile and first run stay out of prefill_seconds
+        jax.block_until_ready(prefill())
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(prefill())
     prefill_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -123,7 +138,7 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         idx = np.zeros(a, np.int32)
         admit[a] = _admit.lower(tparams, dparams, state, idx, idx, prompts_dev, lengths_dev,
                                 max_new_dev, **static).compile()
-    compile_s = time.perf_counter() - t0
+    compile_s = time.perf_counter() - t0 + warm_s
     if warmup:   # first-run costs of the executables stay out of the timed loop
         jax.block_until_ready(step(tparams, dparams, engine.copy_tree(state)))
         for a, fn in admit.items():
@@ -133,12 +148,21 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
             jax.block_until_ready(_rows(state, idx * 0))
 
     seen, started = [0.0] * n, [0.0] * n   # host clock: result seen, request admitted
+    first = [None] * n              # host clock: the request's first token seen chosen
+    firsts = collections.deque()    # (first tokens of an admission, its requests), oldest first
     slot_req = list(range(s))       # request in each slot (None: idle)
     admitted_at = [0] * s           # calls dispatched before the slot's request was admitted
     copied, next_req, calls = [], s, 0   # copied: (rows on their way to the host, their requests)
     flags = collections.deque()     # (call number, tokens left per slot on their way to the host)
     t0 = time.perf_counter()
-    started[:s] = [t0] * s
+    started[:s] = first[:s] = [t0] * s
+
+    def poll_firsts():             # admissions run in order: the oldest is ready first
+        while firsts and firsts[0][0].is_ready():
+            now = time.perf_counter()
+            for r in firsts.popleft()[1]:
+                first[r] = now
+
     while any(r is not None for r in slot_req):
         if calls * steps_per_call >= max_steps:
             raise RuntimeError(f"serve: {calls} calls without finishing (bound {max_steps} steps)")
@@ -146,6 +170,7 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         calls += 1
         left.copy_to_host_async()
         flags.append((calls, left))
+        poll_firsts()
         finished = []                # (slot, request) seen done in this poll
         while flags and (len(flags) > lag or flags[0][1].is_ready()):
             call, left = flags.popleft()
@@ -166,15 +191,18 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         for x in out:
             x.copy_to_host_async()
         copied.append((out, [r for _, r in finished]))
-        for _, r in finished:
+        poll_firsts()
+        for _, r in finished:      # (a device runs its calls in order: its first token is ready)
             seen[r] = now
+            first[r] = now if first[r] is None else first[r]
         take = min(len(finished), n - next_req)
         if take:
             slots[take:] = pad
             reqs = np.zeros(a, np.int32)
             reqs[:take] = np.arange(next_req, next_req + take)
-            state = admit[a](tparams, dparams, state, slots, reqs, prompts_dev, lengths_dev,
-                             max_new_dev)
+            state, firsts_out = admit[a](tparams, dparams, state, slots, reqs, prompts_dev,
+                                         lengths_dev, max_new_dev)
+            firsts.append((firsts_out, range(next_req, next_req + take)))
             started[next_req:next_req + take] = [time.perf_counter()] * take
             for slot, r in zip(slots[:take], reqs[:take]):
                 slot_req[slot], admitted_at[slot] = int(r), calls
@@ -186,6 +214,7 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     decode_s = time.perf_counter() - t0
 
     tokens = [rows[r][0][:int(rows[r][1])].tolist() for r in range(n)]
+    clock = lambda t: prefill_s + t - t0    # noqa: E731  (from the first prefill's start)
     acc = [rows[r][2][rows[r][2] > 0].tolist() for r in range(n)]
     flat = np.concatenate([np.asarray(a, np.int64) for a in acc])
     active = np.zeros(max_steps, bool)
@@ -197,4 +226,8 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
         tokens_per_second=generated / decode_s if decode_s > 0 else 0.0, stage_times={},
         steps=int(active.sum()), prefill_seconds=prefill_s, decode_seconds=decode_s,
         compile_seconds=compile_s, request_seconds=[seen[r] - started[r] for r in range(n)],
-        device_steps=calls * steps_per_call)
+        device_steps=calls * steps_per_call,
+        texts=[tokenizer.decode(t) for t in tokens] if tokenizer is not None else None,
+        first_token_seconds=[clock(first[r]) for r in range(n)],
+        last_token_seconds=[clock(seen[r]) for r in range(n)],
+        nodes_per_step=plan.nodes, max_accept_length=plan.max_depth + 1)

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+from ddtree_jax import progress
 import ddtree_jax as dj
 from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import decode, timing
@@ -75,6 +76,7 @@ flags.DEFINE_bool("graph_launches", False, "also split each loop's traced decode
                   "kernels, span, busy time and the idle gaps inside it and before it; medians over the "
                   "launches of > 20 kernels; GPU)")
 flags.DEFINE_string("out", "", "write all points as JSON here")
+progress.flag()
 
 
 def main(argv):
@@ -89,7 +91,7 @@ def main(argv):
     drafter = dj.load_drafter(os.path.join(FLAGS.pair_dir, "drafter"), dtype=dtype)
     prompts = data.load_prompts(os.path.join(FLAGS.pair_dir, "heldout_prompts.json"))
     recs, greedy = [], {}
-    for method, budget, streams, k in points:
+    for method, budget, streams, k in progress.track(points, "points", FLAGS.progress):
         recs.append(decode.run_point(target, drafter, prompts, method, budget, streams, k, greedy,
                                      loops=FLAGS.loops, num_batches=FLAGS.batches,
                                      max_new_tokens=FLAGS.max_new_tokens,

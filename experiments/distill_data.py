@@ -23,13 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from ddtree_jax import progress
 from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax.training import data, trainer
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.tokenizer import Tokenizer
 
 _TARGET = flags.DEFINE_string("target", "assets/pair/target", "target checkpoint (HF layout)")
-_TOK = flags.DEFINE_string("tokenizer", "assets/tokenizer.json", "tokenizer the corpus is built with")
+_TOK = flags.DEFINE_string("tokenizer", "assets/pair/tokenizer.json", "tokenizer the corpus is built with")
 _CACHE = flags.DEFINE_string("corpus_cache", "runs/data/corpus.npz", "training token stream cache")
 _OUT = flags.DEFINE_string("out", "runs/distill/greedy.npz", "output .npz")
 _N = flags.DEFINE_integer("num_sequences", 65536, "continuations to generate")
@@ -38,6 +39,7 @@ _NEW = flags.DEFINE_integer("new_tokens", 192, "greedy tokens generated per prom
 _STREAMS = flags.DEFINE_integer("streams", 8192, "sequences per generate call")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "target dtype")
 _SEED = flags.DEFINE_integer("seed", 7, "prompt offsets")
+_PROGRESS = progress.flag()
 
 
 def main(argv):
@@ -46,13 +48,13 @@ def main(argv):
         raise ValueError("num_sequences, prompt_len, new_tokens and streams must be >= 1")
     t0 = time.perf_counter()
     tok = Tokenizer.load(_TOK.value)
-    stream, corpus_meta = data.build_corpus(tok, _TOK.value, _CACHE.value)
+    stream, corpus_meta = data.build_corpus(tok, _TOK.value, _CACHE.value, show_progress=_PROGRESS.value)
     rng = np.random.default_rng(_SEED.value)
     starts = rng.integers(0, stream.size - _PROMPT.value, size=_N.value)
     prompts = np.stack([stream[s:s + _PROMPT.value] for s in starts]).astype(np.int64)
     dtype = jnp.bfloat16 if _DTYPE.value == "bfloat16" else jnp.float32
     target = load_target(_TARGET.value, dtype=dtype)
-    seqs = trainer.greedy_continuations(target, prompts, _NEW.value, _STREAMS.value)
+    seqs = trainer.greedy_continuations(target, prompts, _NEW.value, _STREAMS.value, _PROGRESS.value)
     meta = {"command": "python " + " ".join(sys.argv), "target": os.path.abspath(_TARGET.value),
             "target_sha256": data.file_sha256(os.path.join(_TARGET.value, "model.safetensors")),
             "prompt_len": _PROMPT.value, "new_tokens": _NEW.value, "num_sequences": _N.value,

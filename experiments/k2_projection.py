@@ -31,6 +31,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from ddtree_jax import progress
 import ddtree_jax as dj
 from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import projection
@@ -59,6 +60,7 @@ flags.DEFINE_enum("measure_scale_dtype", "bfloat16", ["bfloat16", "float16"], "-
                   "scales (QuantConfig.scale_dtype; float16: the MoE kernels multiply in float16)")
 flags.DEFINE_integer("reps", 5, "timed repetitions (median)")
 flags.DEFINE_string("out", "", "write everything as JSON here")
+progress.flag()
 
 
 def main(argv):
@@ -98,7 +100,8 @@ def main(argv):
                                   [int(s) for s in FLAGS.measure_streams], FLAGS.measure_ctx,
                                   jnp.bfloat16 if on_gpu else jnp.float32, FLAGS.reps, ceilings,
                                   lengths=FLAGS.measure_lengths,
-                                  balances=[balances[v] for v in FLAGS.measure_balance])
+                                  balances=[balances[v] for v in FLAGS.measure_balance],
+                                  progress=FLAGS.progress)
         result["measured"], result["ceilings"], result["scale_dtype"] = rows, ceilings, cfg.quant.scale_dtype
         if ceilings:
             print(f"\nceilings measured in this run: {json.dumps(ceilings)}")

@@ -59,6 +59,7 @@ import warnings
 import jax
 from absl import app, flags
 
+from ddtree_jax import progress
 from ddtree_jax import sharding
 from ddtree_jax.bench import k2_step
 from ddtree_jax.bench import memory_plan as mp
@@ -90,6 +91,7 @@ flags.DEFINE_float("time_limit_s", _D.time_limit_s, "start no new point after th
 flags.DEFINE_string("out", _D.out, "write the results as JSON here (rewritten after every point)")
 flags.DEFINE_bool("plan_only", _D.plan_only, "print the memory plans (no devices needed) and stop")
 sharding.define_distributed_flags()
+progress.flag()
 
 
 def main(argv):
@@ -104,7 +106,7 @@ def main(argv):
         axis=f.axis, budgets=ints("budgets", f.budgets), streams=ints("streams", f.streams), context=f.context,
         reps=f.reps, inner=f.inner, parts=f.parts, dtype=f.dtype, gpu=f.gpu, calibration=f.calibration,
         plan_devices=f.plan_devices, plan_device=f.plan_device, time_limit_s=f.time_limit_s, out=f.out,
-        plan_only=f.plan_only))
+        plan_only=f.plan_only, progress=f.progress))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from absl import app, flags  # noqa: E402
 
+from ddtree_jax import progress  # noqa: E402
 from ddtree_jax.bench import moe, record, timing  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -84,6 +85,7 @@ flags.DEFINE_bool("trace", False, "also profile each timed implementation: devic
                   "call, the span of the traced calls per call (busy plus idle gaps between kernels) "
                   "and the kernels, over 16 calls after 8 in the same trace (fewer for calls over 12 ms: "
                   "trace_calls; GPU; separates device work from host dispatch)")
+progress.flag()
 
 
 def main(argv):
@@ -95,7 +97,8 @@ def main(argv):
                           experts=FLAGS.experts, hidden=FLAGS.hidden, inter=FLAGS.inter, topk=FLAGS.topk,
                           scale_dtype=FLAGS.scale_dtype, sweep=FLAGS.sweep, min_time_s=FLAGS.min_time_s,
                           load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, warm_s=FLAGS.warm_s,
-                          variants=FLAGS.variants, budget_s=FLAGS.budget_s, trace=FLAGS.trace)
+                          variants=FLAGS.variants, budget_s=FLAGS.budget_s, trace=FLAGS.trace,
+                          progress=FLAGS.progress)
     res = {"moe": moe.bench_moe}[FLAGS.op](options)
     table = moe.table(res)
     if any("load" in r for r in res["rows"]):

@@ -44,6 +44,7 @@ import json
 from absl import app, flags
 import jax
 
+from ddtree_jax import progress
 from ddtree_jax.bench import mla, record, timing
 from pallas_kernels.mla_attention import pallas_triton
 
@@ -91,6 +92,8 @@ flags.DEFINE_float("warm_s", 0.0, "seconds of back-to-back calls before each wal
 timing.define_load_flags("each row's device time per call in both regimes, each against a floor from "
                              "the copy and bf16 matmul ceilings timed the same way (sustained_copy, _matmul)")
 flags.adopt_module_key_flags(timing)     # --load_s, --idle_s in --helpshort
+progress.flag()
+
 
 def main(_):
     with timing.GpuClocks() as clocks:
@@ -121,7 +124,8 @@ def _main(clocks):
                              mosaic_merges=FLAGS.mosaic_merges, mosaic_balance=FLAGS.mosaic_balance,
                              mosaic_decode_words=FLAGS.mosaic_decode_words,
                              lengths=tuple(FLAGS.lengths), warm_s=FLAGS.warm_s, clocks=clocks,
-                             load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, on_row=write)
+                             load_s=FLAGS.load_s, idle_s=FLAGS.idle_s, on_row=write,
+                             progress=FLAGS.progress)
     write(rows)
     print(mla.table(rows))
     if any("load" in r for r in rows):

@@ -40,6 +40,7 @@ import os
 from absl import app, flags
 import jax
 
+from ddtree_jax import progress
 from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import mla_kernel, timing
 
@@ -64,6 +65,7 @@ flags.DEFINE_bool("timeline", False, "also run each kernel with context_attentio
                   "when its CTAs pass each TIMELINE point (mla_kernel.timeline_summary): light, unlike --profile")
 flags.DEFINE_bool("profile", False, "also run each kernel once under Mosaic GPU's in-kernel profiler and "
                   "report its phases per warpgroup (mla_kernel.profile_phases); with --lower_only, lower that form too")
+progress.flag()
 
 
 def main(_):
@@ -78,7 +80,7 @@ def main(_):
                                        FLAGS.epilogues, heads=FLAGS.heads, dk=FLAGS.dk, v_dim=FLAGS.v_dim,
                                        balance=FLAGS.balance, ceilings=ceilings, capture_ptxas=not FLAGS.dump,
                                        lower_only=FLAGS.lower_only, timeline=FLAGS.timeline,
-                                       profile=FLAGS.profile)
+                                       profile=FLAGS.profile, progress=FLAGS.progress)
     if FLAGS.lower_only:
         print("ok")
         return

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from ddtree_jax import progress
 import ddtree_jax as dj
 from ddtree_jax import sharding
 from ddtree_jax.bench import parity
@@ -43,6 +44,7 @@ flags.DEFINE_integer("depth", 15, "draft depth L of the random trees")
 flags.DEFINE_integer("reps", 10, "timed calls per point")
 flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "parameter and cache dtype")
 sharding.define_distributed_flags()
+progress.flag()
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "taps"))
@@ -83,7 +85,7 @@ def main(argv):
         params = dj.init_target(cfg, jax.random.key(0), dtype, mesh=mesh)
         verify = functools.partial(_verify, cfg=cfg, taps=taps)
         with jax.set_mesh(mesh):
-            for budget in (int(b) for b in FLAGS.budgets):
+            for budget in progress.track([int(b) for b in FLAGS.budgets], f"{n}-way", FLAGS.progress):
                 for streams in (int(s) for s in FLAGS.streams):
                     args = _inputs(cfg, taps, streams, budget, dtype)
                     err = 0.0

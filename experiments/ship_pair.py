@@ -29,11 +29,11 @@ from ddtree_jax.drafter_io import load_drafter
 _PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "holds target/, drafter/, heldout_prompts.json")
 _TWORK = flags.DEFINE_string("target_workdir", "runs/target", "train_target.py's work dir")
 _DWORK = flags.DEFINE_string("drafter_workdir", "runs/drafter", "train_drafter.py's work dir")
-_TOK = flags.DEFINE_string("tokenizer", "assets/tokenizer.json", "the tokenizer the pair was trained with")
+_TOK = flags.DEFINE_string("tokenizer", "assets/pair/tokenizer.json", "the tokenizer the pair was trained with")
 _BUDGET = flags.DEFINE_integer("budget", 64, "DDTree node budget")
 _NEW = flags.DEFINE_integer("max_new_tokens", 128, "tokens generated per prompt")
 _IMPL = flags.DEFINE_string("impl", "auto", "kernel implementation for attention and MoE")
-_PREPARE = ("python experiments/prepare_data.py --tokenizer=assets/tokenizer.json "
+_PREPARE = ("python experiments/prepare_data.py --tokenizer=assets/pair/tokenizer.json "
             "--prompts=assets/pair/heldout_prompts.json --corpus_cache=runs/data/corpus.npz")
 
 

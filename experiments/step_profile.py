@@ -31,7 +31,7 @@ import numpy as np
 from absl import app, flags
 
 import ddtree_jax as dj
-from ddtree_jax import engine
+from ddtree_jax import engine, progress
 from ddtree_jax.bench import timing
 from ddtree_jax.training import data
 
@@ -48,6 +48,7 @@ _DRAFTER_ATTN = flags.DEFINE_string("drafter_attn_impl", "auto", "the drafter's 
                                     "implementation (pallas_kernels registry: auto = by backend, xla, pallas_triton)")
 _OUT = flags.DEFINE_string("out", "", "write all points as JSON here")
 LOOPS = ("sync", "engine", "async")
+_PROGRESS = progress.flag()
 
 
 def _run_steps(step, tparams, dparams, state, n: int, loop: str):
@@ -108,7 +109,7 @@ def main(argv):
     recs = []
     for s in map(int, _STREAMS.value):
         batch = [prompts[i % len(prompts)] for i in range(s)]
-        for method, budget in points:
+        for method, budget in progress.track(points, f"{s} streams", _PROGRESS.value):
             r = profile_point(target, drafter, batch, method, budget, _STEPS.value, _TOP.value)
             recs.append(r)
             print(json.dumps(r), flush=True)

@@ -21,17 +21,20 @@ from __future__ import annotations
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from ddtree_jax import progress
 from ddtree_jax.training import recipes
 
 config_flags.DEFINE_config_file("config", None, "configs/train_drafter_*.py", lock_config=True)
 flags.DEFINE_string("workdir", "runs/drafter", "checkpoints, loss.png, summary.json")
 flags.DEFINE_string("export_dir", None, "write the trained drafter here (HF layout)")
+_PROGRESS = progress.flag()
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    recipes.train_drafter(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.export_dir)
+    recipes.train_drafter(flags.FLAGS.config, flags.FLAGS.workdir, flags.FLAGS.export_dir,
+                          show_progress=_PROGRESS.value)
 
 
 if __name__ == "__main__":

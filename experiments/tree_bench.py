@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from ddtree_jax import progress
 from ddtree_jax.bench import timing
 from ddtree_jax.bench import record
 from ddtree_jax import tree as T
@@ -67,6 +68,7 @@ flags.DEFINE_integer("n", 4, "inputs per timed call (device time from t(n) - t(1
 flags.DEFINE_integer("reps", 15, "timed repetitions (median)")
 flags.DEFINE_integer("ref_reps", 3, "repetitions of the host reference (median)")
 flags.DEFINE_string("out_dir", "results", "where the run's record goes (ddtree_jax.bench.record)")
+progress.flag()
 
 
 def _median_wall(fn, *args, reps: int) -> float:
@@ -161,7 +163,7 @@ def main(_):
     key = jax.random.key(0)
     for S in map(int, FLAGS.streams):
         xs = [_logits(k, S, L, V) for k in jax.random.split(jax.random.fold_in(key, S), FLAGS.n)]
-        for B in map(int, FLAGS.budgets):
+        for B in progress.track([int(b) for b in FLAGS.budgets], f"S={S}", FLAGS.progress):
             K = min(B, V)
             flat = xs[0].reshape(S * L, V)
             # Correctness on the benchmark inputs.

@@ -25,6 +25,7 @@ from ddtree_jax import sharding
 from ddtree_jax.bench import parity
 from ddtree_jax.bench.timing import GpuClocks, markdown_table, median_seconds
 from ddtree_jax.drafter import DrafterCache
+from ddtree_jax.progress import track
 from ddtree_jax.sampling import Sampling
 from pallas_kernels.mla_attention import mla_attention
 from pallas_kernels.moe import moe_experts
@@ -354,6 +355,7 @@ class Options:
     time_limit_s: float = 0.0
     out: str = ""
     plan_only: bool = False
+    progress: bool = True        # a bar per mesh on a terminal (ddtree_jax.progress)
 
 
 TABLE = (("devices", "n"), ("budget", "B"), ("streams", "S"), ("tokens", "tokens"),
@@ -451,7 +453,7 @@ def _measure_mesh(o: Options, n: int, cfg, dcfg, full, dfull, work: mp.Workload,
     jax.block_until_ready((tparams, dparams))
     init_s = time.perf_counter() - t0
     with jax.set_mesh(mesh):
-        for s in o.streams:
+        for s in track(o.streams, f"{n} devices", o.progress):
             if out_of_time():
                 result["skipped"] += [dict(devices=n, budget=b, streams=s) for b in o.budgets]
                 continue

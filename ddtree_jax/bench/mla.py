@@ -16,6 +16,7 @@ import numpy as np
 
 from ddtree_jax.bench import timing
 from ddtree_jax.bench.timing import stream_contexts
+from ddtree_jax.progress import track
 from ddtree_jax.model import aligned_slots
 from pallas_kernels import registry
 from pallas_kernels.mla_attention import merge as mla_merge
@@ -209,7 +210,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
                   impls=("pallas_triton", "xla"), ceilings=None, budget_s=0.0, parts=False,
                   in_graph=False, trace=False, mosaic_splits=(), mosaic_merges=(), mosaic_balance=False,
                   mosaic_decode_words=False, lengths=("uniform",), warm_s=0.0, clocks=None, max_sets=8,
-                  load_s=0.0, idle_s=2.0, log=print, on_row=None) -> list[dict]:
+                  load_s=0.0, idle_s=2.0, log=print, on_row=None, progress=True) -> list[dict]:
     """Time every (ctx, Q, S, lengths) shape; returns one dict per (shape, implementation or config).
 
     The cache has aligned_slots(longest context + Q) slots, as engine.setup allocates; each
@@ -235,7 +236,7 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     parts: for two-pass configs, also each pass alone (two_pass_parts); for mosaic_gpu, its parts
     (mosaic_parts).
     on_row: called with the rows so far after each row (main writes --out there, so a run cut off
-    by a shell timeout keeps every finished row).
+    by a shell timeout keeps every finished row). progress: a bar on a terminal (ddtree_jax.progress).
     """
     configs = configs or {"auto": None}
     ceilings = ceilings or timing.measure_ceilings()
@@ -244,7 +245,8 @@ def run_mla_bench(ctxs, qs, streams, *, heads=64, dk=576, v_dim=512, configs=Non
     scale = dk ** -0.5
     rows = []
     t_start = time.perf_counter()
-    for ctx, num_q, num_s, spread in itertools.product(ctxs, qs, streams, lengths):
+    for ctx, num_q, num_s, spread in track(list(itertools.product(ctxs, qs, streams, lengths)), "mla",
+                                           progress):
         if budget_s > 0 and time.perf_counter() - t_start > budget_s:
             log(f"ctx={ctx:6d} Q={num_q:4d} S={num_s:3d} {spread} skipped: past --budget_s={budget_s:.0f}")
             continue

@@ -21,6 +21,7 @@ import numpy as np
 from ddtree_jax import model
 from ddtree_jax.bench import timing
 from ddtree_jax.bench.mla import make_inputs, time_jax
+from ddtree_jax.progress import track
 from pallas_kernels.mla_attention import mosaic_gpu
 
 _TOL = 1e-2         # bf16 O against the float32 twin
@@ -133,7 +134,8 @@ def profile_phases(trace: dict) -> dict:
 
 def run_kernel_bench(shapes, splits, clusters, epilogues, *, heads: int, dk: int, v_dim: int,
                      balance: bool = False, ceilings: dict | None = None, capture_ptxas: bool = True,
-                     lower_only: bool = False, timeline: bool = False, profile: bool = False) -> list[dict]:
+                     lower_only: bool = False, timeline: bool = False, profile: bool = False,
+                     progress: bool = True) -> list[dict]:
     """Per (shape "ctx:Q:S", splits, cluster "auto" or a count, epilogue): every stream at ctx with a
     bushy tree of Q nodes, the kernel (`mosaic_gpu.context_attention`, its runs merged above one
     run) checked on stream 0 against its XLA twin, then timed against the floor from `ceilings`
@@ -142,10 +144,12 @@ def run_kernel_bench(shapes, splits, clusters, epilogues, *, heads: int, dk: int
     (MOSAIC_GPU_DUMP_PTXAS, set before anything compiles) into the row (registers, spill bytes).
     profile: also the in-kernel profiler's phases (`profiled`); timeline: also the kernel's
     timeline (`timeline_summary`). lower_only: lower each kernel (and its profile and timeline
-    forms, where asked) for CUDA and print a line for it, timing nothing (runs on a CPU)."""
+    forms, where asked) for CUDA and print a line for it, timing nothing (runs on a CPU).
+    progress: a bar on a terminal (ddtree_jax.progress)."""
     scale = dk ** -0.5
     rows = []
-    for shape, n_splits, cluster_flag, epilogue in itertools.product(shapes, splits, clusters, epilogues):
+    points = list(itertools.product(shapes, splits, clusters, epilogues))
+    for shape, n_splits, cluster_flag, epilogue in track(points, "mla kernel", progress):
         ctx, num_q, num_s = map(int, shape.split(":"))
         # The kernel's operands as mla_attention_mosaic prepares them: bushy trees, the cache
         # allocated as engine.setup allocates it (model.aligned_slots(ctx + Q)).

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ddtree_jax.bench import timing
+from ddtree_jax.progress import track
 
 IMPLS = ("pallas_triton", "triton", "xla", "ragged_dot", "bf16_weights", "variants", "triton_variants")
 
@@ -35,6 +36,7 @@ class Options:
     variants: str = ""
     budget_s: float = 0.0
     trace: bool = False
+    progress: bool = True        # a bar per implementation on a terminal (ddtree_jax.progress)
 
 # Why the xla path gets no load profile: its call launches 154-10,100 kernels (a scan over the row
 # blocks), and its profiler traces do not come back: 24 calls at T = 256 (243k kernels) ran past
@@ -301,7 +303,7 @@ def _bench_moe(o: Options, clocks) -> dict:
     rows, bf16_cache, auto = [], {}, None
     t_start = time.perf_counter()
     for impl in o.impls:
-        for t in o.tokens:
+        for t in track(o.tokens, f"moe {impl}", o.progress):
             if (skip := skipped_row(impl, t, time.perf_counter() - t_start, o.budget_s)):
                 rows.append(skip)
                 print(json.dumps(skip), flush=True)

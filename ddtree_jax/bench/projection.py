@@ -17,6 +17,7 @@ from ddtree_jax.bench import roofline as rf
 from ddtree_jax.bench import sweep_io
 from ddtree_jax.bench import timing
 from ddtree_jax.bench.timing import median_seconds, stream_contexts
+from ddtree_jax.progress import track
 from ddtree_jax.model import aligned_slots
 from pallas_kernels.mla_attention import mla_attention, visibility_to_mask
 from pallas_kernels.moe import moe_experts
@@ -94,14 +95,16 @@ def part_seconds(fn, *args, reps: int) -> tuple[float, str]:
 
 
 def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16, reps: int = 5,
-            ceilings: dict | None = None, lengths=("uniform",), balances=(True,)) -> list[dict]:
+            ceilings: dict | None = None, lengths=("uniform",), balances=(True,),
+            progress: bool = True) -> list[dict]:
     """Per (streams, budget, lengths, attn_balance): seconds of the forward (wall clock), and per
     layer of attention / MoE / rest (`part_seconds`: on a GPU device time, parts_clock "device");
     the attention and MoE kernels are checked against the xla path first.
     lengths: the streams' contexts (timing.stream_contexts: all ctx, or "spread" from ctx / S
     to ~2 ctx, the same total); balances: the forward's attn_balance values to time (the
     attention's balance hint). ceilings (timing.measure_ceilings, this run): also each
-    kernel's share of its roofline floor (from ctx: the spread's total is the same)."""
+    kernel's share of its roofline floor (from ctx: the spread's total is the same). progress: a
+    bar on a terminal (ddtree_jax.progress)."""
     params = dj.init_target(cfg, jax.random.key(0), dtype=dtype)
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     experts = params[f"layers_{moe_layers[0]}"]["mlp"]["experts"]
@@ -115,7 +118,8 @@ def measure(cfg: dj.ModelConfig, budgets, streams, ctx: int, dtype=jnp.bfloat16,
                                   bf16_tflops=max(ceilings["matmul_tflops_xla"], ceilings["matmul_tflops_torch"]))
     rng = np.random.default_rng(0)
     rows, per_tokens = [], {}
-    for s, b, kind, bal in itertools.product(streams, budgets, lengths, balances):
+    points = list(itertools.product(streams, budgets, lengths, balances))
+    for s, b, kind, bal in track(points, "forward", progress):
         q, t = b + 1, s * (b + 1)
         contexts = jnp.asarray(stream_contexts(ctx, s, kind), jnp.int32)
         cache = dj.init_cache(cfg, s, aligned_slots(int(contexts.max()) + q), dtype)   # as engine.setup allocates

@@ -15,17 +15,21 @@ from ddtree_jax.config import Kernels
 from ddtree_jax.engine.state import Decoding, GenerateResult, copy_tree, resolve_options, setup
 from ddtree_jax.sampling import Sampling
 from ddtree_jax.engine.step import stage_times
+from ddtree_jax.tokenizer import Tokenizer
 
 
-def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str = "ddtree",
+def generate(target, drafter, prompts: Sequence[str | Sequence[int]], *, method: str = "ddtree",
              budget: int = 64, max_new_tokens: int | Sequence[int] = 64,
              sampling: Sampling | None = None, seed: int = 0, stop_tokens: int | Sequence[int] = (),
              max_len: int | None = None, kernels: Kernels | None = None,
-             decoding: Decoding | None = None, **options) -> GenerateResult:
+             decoding: Decoding | None = None, tokenizer: Tokenizer | None = None,
+             **options) -> GenerateResult:
     """Speculative (or plain autoregressive) generation for S streams with their own prompts.
 
-    target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one token list per
-    stream; method: "ar", "dflash" (the drafter's greedy chain) or "ddtree" (a tree of `budget`
+    target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one prompt per
+    stream, a token list or (with `tokenizer`) a str; tokenizer (ddtree_jax.Tokenizer): encodes
+    text prompts (no special tokens added) and decodes each stream's tokens into `texts`;
+    method: "ar", "dflash" (the drafter's greedy chain) or "ddtree" (a tree of `budget`
     nodes); max_new_tokens: one int or one per stream; stop_tokens (one id or several) end a
     stream (the stop token is emitted); max_len: target cache slots per stream (default: just
     enough, rounded up to model.CACHE_SLOT_ALIGN).
@@ -38,14 +42,22 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     steps_per_call=4, ...; `resolve_options`).
     `stage_times` are per-step seconds of the separately jitted stages (stage_reps 0: none);
     tokens/s counts generated tokens over the median decode time, compile and warm-up excluded.
+    Every stream's first token comes at the end of the prefill (`first_token_seconds`, timed after
+    a warm-up prefill with decoding.warmup) and its last after its own steps at the decode's mean
+    step time (`last_token_seconds`).
     """
     sampling, kernels, decoding = resolve_options(sampling, kernels, decoding, **options)
     su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
-               sampling=sampling, stop_tokens=stop_tokens, max_len=max_len, kernels=kernels)
-    plan, tparams = su.plan, target[1]
-    check_memory(plan, len(prompts), su.max_len, tparams)
+               sampling=sampling, stop_tokens=stop_tokens, max_len=max_len, kernels=kernels,
+               tokenizer=tokenizer)
+    plan, tparams, streams = su.plan, target[1], len(su.lengths)
+    check_memory(plan, streams, su.max_len, tparams)
     loop = decode_loop_for(plan, decoding.decode_loop)
     dparams = drafter[1] if plan.dcfg is not None else None
+    t0 = time.perf_counter()
+    if decoding.warmup:   # the prefill's compile and first run stay out of prefill_seconds
+        jax.block_until_ready(prefill(target, drafter, su, seed))
+    warm_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     state = prefill(target, drafter, su, seed)
     state.out_len.block_until_ready()
@@ -53,7 +65,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
 
     t0 = time.perf_counter()
     step = compile_decode(tparams, dparams, state, su, decoding.steps_per_call, loop)
-    compile_s = time.perf_counter() - t0
+    compile_s = time.perf_counter() - t0 + warm_s
     stage_state = copy_tree(state) if decoding.stage_reps else None
     if decoding.warmup:   # one-time costs of the executable's first run stay out of decode_s
         jax.block_until_ready(step(tparams, dparams, copy_tree(state)))
@@ -76,14 +88,19 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     accept = np.asarray(state.accept)
     steps = int(np.any(accept > 0, axis=0).sum())    # steps in which some stream was active
     accept = accept[:, :steps]
-    tokens = [out_tokens[i, :out_len[i]].tolist() for i in range(len(prompts))]
+    tokens = [out_tokens[i, :out_len[i]].tolist() for i in range(streams)]
     acc = [row[row > 0].tolist() for row in accept]
     flat = accept[accept > 0]
-    generated = int(out_len.sum() - len(prompts))  # the first token comes from the prefill
+    generated = int(out_len.sum() - streams)  # the first token comes from the prefill
+    step_s = decode_s / int(state.step) if int(state.step) else 0.0
     return GenerateResult(
         tokens=tokens, acceptance_lengths=acc, tau=float(flat.mean()) if flat.size else 0.0,
         tokens_per_second=generated / decode_s if decode_s > 0 else 0.0,
         stage_times=(stage_times(tparams, dparams, stage_state, plan, decoding.stage_reps,
                                  decoding.steps_per_call) if decoding.stage_reps else {}),
         steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s,
-        device_steps=int(state.step), decode_loop=loop)
+        device_steps=int(state.step), decode_loop=loop,
+        texts=[tokenizer.decode(t) for t in tokens] if tokenizer is not None else None,
+        first_token_seconds=[prefill_s] * streams,
+        last_token_seconds=[prefill_s + len(a) * step_s for a in acc],
+        nodes_per_step=plan.nodes, max_accept_length=plan.max_depth + 1)

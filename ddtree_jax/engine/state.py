@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddtree_jax import drafter as dft
+from ddtree_jax import metrics
 from ddtree_jax import model as tgt
 from ddtree_jax import sharding
 from ddtree_jax.checks import check_int, integer_array
@@ -63,18 +64,34 @@ class Plan:
 
 @dataclasses.dataclass
 class GenerateResult:
+    """What `generate` (one entry per stream) or `serve` (one per request) returns; `metrics()`
+    derives the acceptance and latency figures (ddtree_jax.metrics)."""
+
     tokens: list                 # per stream: generated ids
     acceptance_lengths: list     # per stream: tokens emitted by each step before truncation
     tau: float                   # mean acceptance length over all (stream, step) pairs
     tokens_per_second: float     # generated tokens / decode wall time (compile, warm-up excluded)
     stage_times: dict            # seconds per step: draft, tree, verify, accept (+ step total)
     steps: int
-    prefill_seconds: float
+    prefill_seconds: float       # the prompts' prefill, which emits each stream's first token
     decode_seconds: float
-    compile_seconds: float
+    compile_seconds: float       # the decode's compile and, with warmup, the prefill's first run
     request_seconds: list | None = None   # `serve` only: per request, admission to its result
     device_steps: int = 0        # steps the device ran, including those after every stream was done
     decode_loop: str = ""        # the loop that ran the decode: "host" or "device" (`decode_loop_for`)
+    texts: list | None = None    # per stream: `tokens` decoded, where a tokenizer was given
+    first_token_seconds: list | None = None  # per stream: start (compile excluded) to its first token
+    last_token_seconds: list | None = None   # per stream: start (compile excluded) to its last token
+    nodes_per_step: int = 1      # tokens the target verifies per stream per step (root included)
+    max_accept_length: int = 1   # the most tokens one step emits: the drafter's block size (ar: 1)
+
+    def metrics(self) -> dict:
+        """Mean accept length, acceptance rate by depth, acceptance histogram, accepted tokens
+        per verified token, TTFT and TPOT (mean, p50, p90, p99) and tokens/s, as plain floats
+        and lists (`ddtree_jax.metrics.summary`)."""
+        return dict(metrics.summary(self.acceptance_lengths, self.max_accept_length, self.nodes_per_step,
+                                    self.tokens, self.first_token_seconds, self.last_token_seconds),
+                    tokens_per_second=self.tokens_per_second)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,12 +200,33 @@ def _check_pair(name: str, pair, config_type) -> None:
                          f"load_{name} returns; got {got}")
 
 
+def encode_prompts(prompts, tokenizer=None) -> list:
+    """The prompts as token lists: each str through `tokenizer.encode`, token lists as they are.
+    ValueError naming the prompt for text without a tokenizer or text of no tokens, and for one
+    str in place of a list of prompts."""
+    if isinstance(prompts, str):
+        raise ValueError("prompts must be a list of prompts (strings or token-id lists); got one "
+                         "str: pass [text]")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise ValueError(f"prompts[{i}] is text: pass tokenizer= (ddtree_jax.Tokenizer) to encode it")
+            p = tokenizer.encode(p)
+            if not p:
+                raise ValueError(f"prompts[{i}] is text that encodes to no tokens")
+        out.append(p)
+    return out
+
+
 def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
           sampling: Sampling | None = None, stop_tokens=(), max_len=None,
-          kernels: Kernels | None = None, **aliases) -> Setup:
+          kernels: Kernels | None = None, tokenizer=None, **aliases) -> Setup:
     """Validate a generate call (see `generate`) and lay out its inputs. sampling, kernels and
-    their keyword aliases (temperature=..., attn_impl=...) as `resolve_options` takes them."""
+    their keyword aliases (temperature=..., attn_impl=...) as `resolve_options` takes them; text
+    prompts through `tokenizer` (`encode_prompts`)."""
     sampling, kernels, _ = resolve_options(sampling, kernels, **aliases)
+    prompts = encode_prompts(prompts, tokenizer)
     _check_pair("target", target, ModelConfig)
     tcfg = target[0]
     if method not in METHODS:

@@ -17,6 +17,7 @@ import sysconfig
 
 import numpy as np
 
+from ddtree_jax import progress
 from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax.tokenizer import BOS, EOS, Tokenizer
 
@@ -54,10 +55,11 @@ def file_sha256(path: str) -> str:
 
 
 def build_corpus(tok: Tokenizer, tokenizer_path: str, cache: str,
-                 max_files: int = 0) -> tuple[np.ndarray, dict]:
+                 max_files: int = 0, show_progress: bool = True) -> tuple[np.ndarray, dict]:
     """The training token stream and its metadata; read from `cache` when it was made by the same
     tokenizer and file limit, otherwise built from this interpreter's stdlib (the first
-    `max_files` training files; 0 = all) and written there."""
+    `max_files` training files; 0 = all; a bar over them on a terminal with show_progress) and
+    written there."""
     tok_sha = file_sha256(tokenizer_path)
     if os.path.isfile(cache):
         with np.load(cache) as z:
@@ -66,7 +68,7 @@ def build_corpus(tok: Tokenizer, tokenizer_path: str, cache: str,
                 return z["tokens"], meta
     files = training_files()[:max_files or None]
     digest, stream = hashlib.sha256(), []
-    for f in files:
+    for f in progress.track(files, "corpus", show_progress):
         text = read(f)
         digest.update(text.encode("utf-8") + b"\0")
         stream += [BOS, *tok.encode(text), EOS]

@@ -42,10 +42,11 @@ def model_config(c, vocab_size: int) -> ModelConfig:
     return ModelConfig(**c.model.to_dict(), **ids)
 
 
-def train_target(c, workdir: str, export_dir: str | None = None) -> dict:
-    """Train (or resume) the target per config `c` (configs/train_target_*.py); returns the summary written to workdir/summary.json."""
+def train_target(c, workdir: str, export_dir: str | None = None, show_progress: bool = True) -> dict:
+    """Train (or resume) the target per config `c` (configs/train_target_*.py); returns the summary
+    written to workdir/summary.json. show_progress: the loop's bar on a terminal."""
     tok = Tokenizer.load(c.tokenizer)
-    tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files)
+    tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files, show_progress)
     cfg = model_config(c, tok.vocab_size)
     tx = trainer.adamw(c.b1, c.b2, c.weight_decay, c.clip)
 
@@ -64,7 +65,8 @@ def train_target(c, workdir: str, export_dir: str | None = None) -> dict:
     state = trainer.train_loop(
         run, run.restore_or(fresh), step_fn,
         lambda s: data.sample_batch(tokens, c.batch_size, c.seq_len + 1, c.seed, s),
-        budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="target")
+        budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="target",
+        show_progress=show_progress)
     run.close()
     total = int(state["total_steps"])
     losses = state["losses"][:total]
@@ -103,14 +105,16 @@ def initial_params(c, dcfg: DrafterConfig) -> tuple[dict, dict | None]:
     return params, {"path": os.path.abspath(c.init_from), "sha256": data.file_sha256(weights)}
 
 
-def train_drafter(c, workdir: str, export_dir: str | None = None) -> dict:
-    """Train (or resume) the drafter per config `c` (configs/train_drafter_*.py); returns the summary written to workdir/summary.json."""
+def train_drafter(c, workdir: str, export_dir: str | None = None, show_progress: bool = True) -> dict:
+    """Train (or resume) the drafter per config `c` (configs/train_drafter_*.py); returns the
+    summary written to workdir/summary.json. show_progress: the loop's bar on a terminal."""
     tok = Tokenizer.load(c.tokenizer)
     if c.distill_data:
         rows, meta = data.load_sequences(c.distill_data)
         sample = functools.partial(data.sample_rows, rows, c.batch_size, c.seq_len)
     else:
-        tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files)
+        tokens, meta = data.build_corpus(tok, c.tokenizer, c.corpus_cache, c.corpus_max_files,
+                                         show_progress)
         sample = functools.partial(data.sample_batch, tokens, c.batch_size, c.seq_len)
     tcfg, tparams = load_target(c.target, dtype=jnp.float32)
     dcfg = drafter_config(c, tcfg)
@@ -134,7 +138,8 @@ def train_drafter(c, workdir: str, export_dir: str | None = None) -> dict:
     state = trainer.train_loop(
         run, run.restore_or(fresh), lambda *a: step_fn(*a, tparams),
         functools.partial(sample, c.seed + 1),
-        budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="drafter")
+        budget_s=c.time_budget_s, ckpt_every=c.ckpt_every, log_every=c.log_every, name="drafter",
+        show_progress=show_progress)
     run.close()
     total = int(state["total_steps"])
     losses = state["losses"][:total]

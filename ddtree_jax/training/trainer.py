@@ -6,7 +6,8 @@
   sequence (`drafter_train_hidden`: every anchor's block sees the context strictly before it plus
   its own block, through the drafter's own modules).
 - `Trainer`: Orbax checkpoints of {params, opt_state, step, total_steps, losses} in a work dir,
-  resume from the latest, a text progress bar, and the loss curve as PNG.
+  resume from the latest; `train_loop`: a progress bar with an ETA on a terminal
+  (ddtree_jax.progress) and a log line every `log_every` steps; the loss curve as PNG.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import orbax.checkpoint as ocp
 from ddtree_jax import drafter as dft
 from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax import engine
+from ddtree_jax import progress
 from ddtree_jax import model as tgt
 from ddtree_jax.config import DrafterConfig, ModelConfig
 
@@ -83,11 +85,13 @@ def target_taps(params, cfg: ModelConfig, tokens, taps):
     return jax.lax.stop_gradient(out.taps), jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
 
 
-def greedy_continuations(target, prompts: np.ndarray, new_tokens: int, streams: int) -> np.ndarray:
+def greedy_continuations(target, prompts: np.ndarray, new_tokens: int, streams: int,
+                         show_progress: bool = True) -> np.ndarray:
     """prompts int [N, P] -> [N, P + new_tokens]: each prompt and the target's greedy continuation
-    (engine method "ar", `streams` prompts per generate call); the drafter's distillation data."""
+    (engine method "ar", `streams` prompts per generate call); the drafter's distillation data.
+    show_progress: a bar over the calls on a terminal (ddtree_jax.progress)."""
     rows = []
-    for i in range(0, len(prompts), streams):
+    for i in progress.track(range(0, len(prompts), streams), "distill", show_progress):
         batch = prompts[i:i + streams]
         r = engine.generate(target, None, batch.tolist(), method="ar", max_new_tokens=new_tokens,
                             stage_reps=0)
@@ -207,49 +211,54 @@ def fit_steps(max_steps: int, done: int, sec_per_step: float, elapsed: float, bu
 
 
 def train_loop(trainer: Trainer, state: dict, step_fn, batch_fn, *, budget_s: float, ckpt_every: int,
-               log_every: int, name: str, time_steps: int = 8) -> dict:
+               log_every: int, name: str, time_steps: int = 8, show_progress: bool = True) -> dict:
     """Run `state` to its total_steps (or fewer fitting `budget_s` of wall time, fixed once after
     timing `time_steps` steps of a fresh run) with checkpoints every `ckpt_every` steps and at the
     end; without a budget the total is len(state["losses"]) (the configured steps, also on resume).
     step_fn(params, opt_state, batch, step, total) -> (params, opt_state, loss, metrics);
-    batch_fn(step) -> the batch. Returns the final state; state["losses"][:total_steps] is filled."""
+    batch_fn(step) -> the batch. show_progress: the bar on a terminal (`progress.bar`). Returns the
+    final state; state["losses"][:total_steps] is filled."""
     losses = np.asarray(state["losses"]).copy()
     step = int(state["step"])
     total = int(state["total_steps"]) if budget_s > 0 else losses.size
     fit_pending = step == 0 and budget_s > 0
     start = time.perf_counter()
-    progress = Progress(log_every, name)
+    log = LogLines(log_every, name)
     params, opt_state, pending, t_timed = state["params"], state["opt_state"], [], None
-    while step < total:
-        params, opt_state, loss, metrics = step_fn(params, opt_state, batch_fn(step), step, total)
-        pending.append((step, loss))
-        step += 1
-        if fit_pending and step in (1, 1 + time_steps):
-            jax.block_until_ready(loss)
-            if step == 1:
-                t_timed = time.perf_counter()
-            else:
-                per = (time.perf_counter() - t_timed) / time_steps
-                total = fit_steps(total, step, per, time.perf_counter() - start, budget_s)
-                print(f"{name}: {per * 1e3:.1f} ms/step after compile; {total} steps fit the "
-                      f"{budget_s:.0f} s budget", flush=True)
-                fit_pending = False
-        if step % log_every == 0 or step == total or step % ckpt_every == 0:
-            for s, l in jax.device_get(pending):
-                losses[s] = l
-            pending = []
-            extra = {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
-            progress.update(step, total, float(losses[step - 1]), **extra)
-        if step % ckpt_every == 0 or step == total:
-            state = dict(params=params, opt_state=opt_state, step=np.int32(step),
-                         total_steps=np.int32(total), losses=losses)
-            trainer.save(state)
+    with progress.bar(total, name, show_progress, initial=step) as bar:
+        while step < total:
+            params, opt_state, loss, metrics = step_fn(params, opt_state, batch_fn(step), step, total)
+            pending.append((step, loss))
+            step += 1
+            bar.update()
+            if fit_pending and step in (1, 1 + time_steps):
+                jax.block_until_ready(loss)
+                if step == 1:
+                    t_timed = time.perf_counter()
+                else:
+                    per = (time.perf_counter() - t_timed) / time_steps
+                    total = fit_steps(total, step, per, time.perf_counter() - start, budget_s)
+                    bar.total = total
+                    print(f"{name}: {per * 1e3:.1f} ms/step after compile; {total} steps fit the "
+                          f"{budget_s:.0f} s budget", flush=True)
+                    fit_pending = False
+            if step % log_every == 0 or step == total or step % ckpt_every == 0:
+                for s, l in jax.device_get(pending):
+                    losses[s] = l
+                pending = []
+                extra = {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
+                log.update(step, total, float(losses[step - 1]), **extra)
+                bar.set_postfix(loss=f"{losses[step - 1]:.4f}")
+            if step % ckpt_every == 0 or step == total:
+                state = dict(params=params, opt_state=opt_state, step=np.int32(step),
+                             total_steps=np.int32(total), losses=losses)
+                trainer.save(state)
     return dict(params=params, opt_state=opt_state, step=np.int32(step), total_steps=np.int32(total),
                 losses=losses)
 
 
-class Progress:
-    """One line per `every` steps: a bar, step/total, loss, extra metrics, steps/s, ETA."""
+class LogLines:
+    """One line per `every` steps (and the last): step/total, loss, extra metrics, steps/s, ETA."""
 
     def __init__(self, every: int, name: str):
         self.every, self.name, self.t0, self.s0 = every, name, time.perf_counter(), None
@@ -260,12 +269,10 @@ class Progress:
         elif step % self.every and step != total:
             return
         rate = (step - self.s0) / max(time.perf_counter() - self.t0, 1e-9)
-        width = 24
-        bar = "#" * int(width * step / max(total, 1))
         more = " ".join(f"{k}={v:.3f}" for k, v in extra.items())
         eta = f"{(total - step) / rate:.0f}s" if rate > 0 else "?"
-        print(f"{self.name} [{bar:<{width}}] {step}/{total} loss={loss:.4f} {more} "
-              f"{rate:.1f} it/s eta {eta}", file=sys.stdout, flush=True)
+        print(f"{self.name} {step}/{total} loss={loss:.4f} {more} {rate:.1f} it/s eta {eta}",
+              file=sys.stdout, flush=True)
 
 
 def plot_losses(losses: np.ndarray, path: str, title: str) -> None:

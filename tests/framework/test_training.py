@@ -1,4 +1,4 @@
-"""Training: tokenizer round trip, the batched drafter forward, and both training runs (recipes: few
+"""Training: the held-out split, the batched drafter forward, and both training runs (recipes: few
 steps, resume)."""
 
 import os
@@ -23,26 +23,7 @@ from ddtree_jax.model import init_target
 from configs import train_drafter_small, train_target_small
 from tests import ROOT
 
-TOKENIZER = os.path.join(ROOT, "assets", "tokenizer.json")
-
-
-def test_tokenizer_trains_and_round_trips():
-    texts = ["def f(x):\n    return x + 1\n", "class A:\n    pass\n\n# caf\u00e9 \u2192 ok\n"] * 3
-    tok = tokenizer.train(texts, 300)
-    assert 259 < tok.vocab_size <= 300
-    for t in texts + ["unseen \u00fcnicode \U0001F600 text\t\r\n"]:
-        assert tok.decode(tok.encode(t)) == t
-    assert len(tok.encode(texts[0])) < len(texts[0].encode())
-
-
-def test_shipped_tokenizer_round_trips_heldout_code(tmp_path):
-    tok = tokenizer.Tokenizer.load(TOKENIZER)
-    assert tok.vocab_size == 2048 and tok.decode([tokenizer.MASK, tokenizer.BOS, tokenizer.EOS]) == ""
-    text = data.read("heapq.py")
-    ids = tok.encode(text)
-    assert tok.decode(ids) == text and max(ids) < tok.vocab_size and min(ids) >= 3
-    tok.save(str(tmp_path / "t.json"))
-    assert tokenizer.Tokenizer.load(str(tmp_path / "t.json")).encode(text) == ids
+TOKENIZER = os.path.join(ROOT, "assets", "pair", "tokenizer.json")
 
 
 def test_heldout_files_are_not_trained_on():
