@@ -34,14 +34,15 @@ import jax.numpy as jnp
 from ddtree_jax import progress
 import ddtree_jax as dj
 from ddtree_jax.atomic_io import write_json
-from ddtree_jax.bench import projection
+from ddtree_jax.bench import calibration, projection
 from ddtree_jax.bench import roofline as rf
 from ddtree_jax.bench import timing
 from ddtree_jax.bench.timing import markdown_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("gpus", list(rf.GPUS), "GPU types to project")
-flags.DEFINE_list("calibrations", list(rf.CALIBRATIONS), "kernel efficiency calibrations")
+flags.DEFINE_list("calibrations", list(calibration.NAMES), "kernel efficiency calibrations "
+                  "(ddtree_jax.bench.calibration: read from the records in results/)")
 flags.DEFINE_list("streams", ["1", "10"], "concurrent streams to project")
 flags.DEFINE_integer("ctx", 4096, "context tokens per stream")
 flags.DEFINE_string("tau", "", "tau curve 'budget:tau,...' (default: roofline.DEFAULT_TAU)")
@@ -69,12 +70,12 @@ def main(argv):
     tau = projection.tau_curve(FLAGS.tau, FLAGS.tau_jsonl)
     result = dict(assumptions=rf.MODEL_ASSUMPTIONS, tau=dict(budgets=tau.budgets, taus=tau.taus),
                   gpus={k: vars(g) for k, g in rf.GPUS.items()},
-                  calibrations={k: vars(c) for k, c in rf.CALIBRATIONS.items()})
+                  calibrations={k: vars(c) for k, c in calibration.calibrations().items()})
     print(rf.MODEL_ASSUMPTIONS)
     for g in rf.GPUS.values():
         print(f"  {g.name}: {g.source}; effective copy {g.copy_tbs:.2f} TB/s, "
               f"bf16 {g.bf16_tflops:.0f} TFLOP/s")
-    for c in rf.CALIBRATIONS.values():
+    for c in calibration.calibrations().values():
         print(f"  calibration {c.name}: {c.source}")
     print(f"tau curve (budget: tau): {dict(zip(tau.budgets, tau.taus))}; context {dep.ctx} tokens/stream\n")
     result["projection"], result["best"] = projection.best_budgets(

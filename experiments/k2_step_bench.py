@@ -61,7 +61,7 @@ from absl import app, flags
 
 from ddtree_jax import progress
 from ddtree_jax import sharding
-from ddtree_jax.bench import k2_step
+from ddtree_jax.bench import calibration, k2_step
 from ddtree_jax.bench import memory_plan as mp
 from ddtree_jax.bench import roofline as rf
 
@@ -83,7 +83,7 @@ flags.DEFINE_integer("inner", _D.inner, "back-to-back calls per timed round")
 flags.DEFINE_bool("parts", _D.parts, "also time the verify's parts (attention, MoE, dense MLP, head)")
 flags.DEFINE_enum("dtype", _D.dtype, ["bfloat16", "float32"], "params (but INT4 experts) and caches")
 flags.DEFINE_enum("gpu", _D.gpu, list(rf.GPUS), "GPU type of the projection")
-flags.DEFINE_enum("calibration", _D.calibration, list(rf.CALIBRATIONS),
+flags.DEFINE_enum("calibration", _D.calibration, list(calibration.NAMES),
                   "the projection's kernel efficiencies")
 flags.DEFINE_integer("plan_devices", _D.plan_devices, "device count of the full model's memory plan")
 flags.DEFINE_enum("plan_device", _D.plan_device, list(mp.DEVICES), "accelerator of the memory plans")

@@ -20,6 +20,7 @@ from ddtree_jax import engine
 from ddtree_jax.atomic_io import write_json
 from ddtree_jax.bench import memory_plan as mp
 from ddtree_jax import model as tgt
+from ddtree_jax.bench import calibration as calib
 from ddtree_jax.bench import roofline as rf
 from ddtree_jax import sharding
 from ddtree_jax.bench import parity
@@ -293,7 +294,7 @@ def measure_point(progs: _Programs, tparams, dparams, state, draft_logits, cfg, 
 def projection(cfg, dcfg, gpus: int, context: int, streams: int, budget: int, gpu: str,
                calibration: str) -> dict:
     """Roofline seconds (all layers) of the verify and its parts, draft and tree."""
-    st = rf.step_time(rf.GPUS[gpu], rf.CALIBRATIONS[calibration], rf.Deployment(cfg, dcfg, gpus, context),
+    st = rf.step_time(rf.GPUS[gpu], calib.calibrations()[calibration], rf.Deployment(cfg, dcfg, gpus, context),
                       streams, budget)
     return dict(verify=st.attention + st.moe + st.rest + st.comm + st.head, attention=st.attention,
                 moe=st.moe, other=st.rest + st.comm, head=st.head, draft=st.draft, tree=st.tree)

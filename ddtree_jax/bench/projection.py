@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ddtree_jax as dj
+from ddtree_jax.bench import calibration
 from ddtree_jax.bench import roofline as rf
 from ddtree_jax.bench import sweep_io
 from ddtree_jax.bench import timing
@@ -45,7 +46,7 @@ def tau_curve(tau: str = "", tau_jsonl: str = "") -> rf.TauCurve:
 def published_checks(dep: rf.Deployment, tau: rf.TauCurve) -> list[dict]:
     """Projection vs each published RTX PRO 6000 number: model value, ratio, the reason."""
     gpu, cfg, rows = rf.GPUS["RTX PRO 6000"], dep.model, []
-    for cal in rf.CALIBRATIONS.values():
+    for cal in calibration.calibrations().values():
         moe1 = lambda t, g: rf.moe_seconds(gpu, cal, cfg, t, g)
         add = lambda what, model, pub, why: rows.append(dict(calibration=cal.name, check=what, model=model,
                                                              published=pub, ratio=model / pub, why=why))
@@ -172,7 +173,7 @@ def best_budgets(dep: rf.Deployment, tau: rf.TauCurve, gpus, calibrations, strea
     for name in gpus:
         for cal in calibrations:
             for s in streams:
-                rows = rf.project(rf.GPUS[name], rf.CALIBRATIONS[cal], dep, tau, s)
+                rows = rf.project(rf.GPUS[name], calibration.calibrations()[cal], dep, tau, s)
                 projection += rows
                 b = dict(rf.best(rows), ar_tokens_per_second=rows[0]["tokens_per_second"])
                 b["speedup_over_ar"] = b["tokens_per_second"] / rows[0]["tokens_per_second"]

@@ -77,7 +77,9 @@ GPUS = {
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """Achieved fractions of the roofline per kind of work, and latency floors (microseconds)."""
+    """Achieved fractions of the roofline per kind of work, and latency floors (microseconds).
+    The calibrations the projection uses are read from the benchmark records
+    (ddtree_jax.bench.calibration)."""
 
     name: str
     moe_bw_eff: float              # INT4 grouped GEMM: fraction of copy bandwidth
@@ -91,37 +93,14 @@ class Calibration:
     comm_eff: float                # all-reduce: fraction of link bandwidth
     layer_us: float                # norms, rope, router, cache writes ... per layer
     step_us: float                 # accept, compaction, host loop per step
+    tree_us: tuple                 # build_tree on the H200: ((budget, us), ...), log-interpolated
     source: str
 
 
-CALIBRATIONS = {
-    "measured": Calibration(
-        "measured", moe_bw_eff=0.68, moe_mm_eff=0.28, moe_min_us=105, attn_eff=0.85, attn_fixed_us=14,
-        attn_rows=64,
-        dense_bw_eff=0.80, dense_mm_eff=0.80, comm_eff=0.80, layer_us=30, step_us=300,
-        source="this repo's H200 kernels (docs/design.md, section 1.3: MoE 66-70% of "
-               "copy at T=16..256 in device time, 102-108 us at T=1, 28% of matmul at T=4096; "
-               "docs/kernels/mla_attention.md: mosaic_gpu, device time, H 8 at ctx "
-               "4k-32k and H 64 at ctx 8k-32k, Q 1-256, S 1-16: 48 shapes, 14 us + floor / 0.85 "
-               "gives 0.86-1.18x each; bf16-weight GEMMs 75-85% of copy); comm, layer and step "
-               "terms assumed"),
-    "marlin": Calibration(
-        "marlin", moe_bw_eff=0.70 / _COPY_RATIO, moe_mm_eff=0.25, moe_min_us=20, attn_eff=0.80,
-        attn_fixed_us=10, attn_rows=64, dense_bw_eff=0.85, dense_mm_eff=0.80, comm_eff=0.80, layer_us=15,
-        step_us=300,
-        source="published-class kernels: Marlin INT4 MoE at 70% of HBM peak (67-73% quoted), "
-               "FlashMLA-class attention at 80% of floor; the rest as 'measured'"),
-}
-
 # every efficiency 1 and no latency floors: the bare roofline
 UNIT = Calibration("roofline", moe_bw_eff=1, moe_mm_eff=1, moe_min_us=0, attn_eff=1, attn_fixed_us=0, attn_rows=1,
-                   dense_bw_eff=1, dense_mm_eff=1, comm_eff=1, layer_us=0, step_us=0,
-                   source="bare roofline (all efficiencies 1, no latencies)")
-
-# build_tree on the H200 (docs/kernels/tree_search.md, "Performance": S=16, f32 logits, profiler
-# device time), microseconds by budget
-_TREE_H200_US = ((64, 89.0), (256, 119.3), (1024, 532.0))
-
+                   dense_bw_eff=1, dense_mm_eff=1, comm_eff=1, layer_us=0, step_us=0, tree_us=((1, 0.0),),
+                   source="bare roofline (all efficiencies 1, no latencies, no tree build)")
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:
@@ -199,9 +178,9 @@ def allreduce_seconds(gpu: GPU, cal: Calibration, byts: float, gpus: int) -> flo
     return gpu.link_latency_us * 1e-6 + 2 * (gpus - 1) / gpus * byts / (gpu.link_gbs * 1e9 * cal.comm_eff)
 
 
-def tree_seconds(gpu: GPU, budget: int) -> float:
-    """build_tree: the H200 measurement (log-interpolated in budget) x H200 copy / this GPU's copy."""
-    b, us = zip(*_TREE_H200_US)
+def tree_seconds(gpu: GPU, cal: Calibration, budget: int) -> float:
+    """build_tree: cal.tree_us (H200, log-interpolated in budget) x H200 copy / this GPU's copy."""
+    b, us = zip(*cal.tree_us)
     t = np.interp(math.log(max(budget, 1)), np.log(b), us) * 1e-6
     return float(t) * GPUS["H200"].copy_tbs / gpu.copy_tbs
 
@@ -242,7 +221,7 @@ def step_time(gpu: GPU, cal: Calibration, dep: Deployment, streams: int, budget:
         n = streams * dep.drafter.block_size
         draft = (_roof(dp * BF16, 2.0 * n * dp, gpu, cal.dense_bw_eff, cal.dense_mm_eff)
                  + _roof(head_p * BF16, 2.0 * n * head_p, gpu, cal.dense_bw_eff, cal.dense_mm_eff))
-        tree = tree_seconds(gpu, budget)
+        tree = tree_seconds(gpu, cal, budget)
     return StepTime(attn, moe, rest, comm, head, draft, tree, cal.step_us * 1e-6)
 
 

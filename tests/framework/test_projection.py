@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ddtree_jax as dj
-from ddtree_jax.bench import projection
+from ddtree_jax.bench import calibration, projection
 from ddtree_jax.bench import roofline as rf
 
 TOY = rf.GPU("toy", hbm_tbs=1.0, copy_tbs=1.0, bf16_tflops=100.0, link_gbs=100.0, link="toy",
@@ -55,7 +55,7 @@ def test_k2_components_by_hand():
         2 * 8 * 136 * 4113 * 1088 / 100e12)
     # ... and none at the shapes the "measured" attention calibration comes from (H 8 and 64,
     # Q 1-256 in powers of two): Q 1-4 at 8 heads pad to 64 rows but stay memory-bound
-    h200, cal = rf.GPUS["H200"], rf.CALIBRATIONS["measured"]
+    h200, cal = rf.GPUS["H200"], calibration.calibrations()["measured"]
     for gpus, q, s, ctx in itertools.product((8, 1), (1, 2, 4, 16, 64, 256), (1, 16), (4096, 32768)):
         assert rf.attention_seconds(h200, cal, cfg, s, q, ctx, gpus) == rf.attention_seconds(
             h200, dataclasses.replace(cal, attn_rows=1), cfg, s, q, ctx, gpus)
@@ -69,7 +69,7 @@ def test_k2_components_by_hand():
 def test_projection_prefers_trees_when_verification_is_flat():
     """With weights dominating and a free draft, the best budget grows past the plain decode."""
     dep = rf.Deployment.kimi_k2_6()
-    rows = rf.project(rf.GPUS["H200"], rf.CALIBRATIONS["measured"], dep, rf.DEFAULT_TAU, streams=1)
+    rows = rf.project(rf.GPUS["H200"], calibration.calibrations()["measured"], dep, rf.DEFAULT_TAU, streams=1)
     best = rf.best(rows)
     assert best["budget"] > 1 and best["tokens_per_second"] > rows[0]["tokens_per_second"]
     assert set(best["parts_ms"]) == {f.name for f in dataclasses.fields(rf.StepTime)}
@@ -124,7 +124,7 @@ def test_measure_checks_the_kernels_before_timing():
 
 def test_best_budget_per_hardware_and_the_tau_curve():
     dep = rf.Deployment.kimi_k2_6(ctx=4096)
-    rows, best = projection.best_budgets(dep, rf.DEFAULT_TAU, ["H200"], list(rf.CALIBRATIONS)[:1], [1, 10])
+    rows, best = projection.best_budgets(dep, rf.DEFAULT_TAU, ["H200"], ["measured"], [1, 10])
     assert [b["streams"] for b in best] == [1, 10] and len(rows) > len(best)
     for b in best:
         assert b["speedup_over_ar"] == pytest.approx(b["tokens_per_second"] / b["ar_tokens_per_second"])
