@@ -14,6 +14,7 @@ from jax._src import xla_bridge
 
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
+from ddtree_jax.bench import auto_budget
 from ddtree_jax import engine, serving
 from ddtree_jax.checks import check_int, is_int
 from ddtree_jax.bench import parity, sweep_io
@@ -174,11 +175,11 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
             curve = budgets.StepTimeCurve(tuple(r["budget"] for r in fixed),
                                           tuple(r["stage_times"]["step"] for r in fixed))
         else:
-            curve = budgets.measure_step_times(target, drafter, batches[0], cfg.budgets,
+            curve = auto_budget.measure_step_times(target, drafter, batches[0], cfg.budgets,
                                                temperature=p["temperature"],
                                                max_new_tokens=p["max_new_tokens"], seed=p["seed"],
                                                steps_per_call=p["steps_per_call"])
-        choice = budgets.choose_budget(target, drafter, batches[0], curve, steps=cfg.auto_steps,
+        choice = auto_budget.choose_budget(target, drafter, batches[0], curve, steps=cfg.auto_steps,
                                        temperature=p["temperature"],
                                        max_new_tokens=p["max_new_tokens"], seed=p["seed"])
         budget = choice.budget

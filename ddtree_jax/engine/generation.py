@@ -8,6 +8,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from ddtree_jax.budget import StepTimeCurve
 from ddtree_jax.engine.loops import compile_decode, decode_loop_for, run_decode
 from ddtree_jax.engine.memory import check_memory
 from ddtree_jax.engine.prefilling import prefill
@@ -18,7 +19,8 @@ from ddtree_jax.engine.step import stage_times
 
 
 def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str = "ddtree",
-             budget: int = 64, max_new_tokens: int | Sequence[int] = 64,
+             budget: int = 64, shared_budget: int | StepTimeCurve | None = None,
+             max_new_tokens: int | Sequence[int] = 64,
              sampling: Sampling | None = None, seed: int = 0, stop_tokens: int | Sequence[int] = (),
              max_len: int | None = None, kernels: Kernels | None = None,
              decoding: Decoding | None = None, **options) -> GenerateResult:
@@ -26,7 +28,12 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
 
     target, drafter: (config, params) pairs (drafter unused for "ar"); prompts: one token list per
     stream; method: "ar", "dflash" (the drafter's greedy chain) or "ddtree" (a tree of `budget`
-    nodes); max_new_tokens: one int or one per stream; stop_tokens (one id or several) end a
+    nodes); shared_budget ("ddtree" only): None, every stream verifies its own tree of `budget`
+    nodes; an int N, each step verifies the N best nodes over all unfinished streams' trees, at
+    most `budget` per stream (tree.share_budget: a sure stream gets a deep tree, an unsure one a
+    small one, a finished one none); a budget.StepTimeCurve of step seconds over such totals, N
+    chosen per step by the expected rate (budget.shared_total). max_new_tokens: one int or one per
+    stream; stop_tokens (one id or several) end a
     stream (the stop token is emitted); max_len: target cache slots per stream (default: just
     enough, rounded up to model.CACHE_SLOT_ALIGN).
     sampling (sampling.Sampling): greedy by default; otherwise tokens are drawn from the target's
@@ -40,8 +47,9 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     tokens/s counts generated tokens over the median decode time, compile and warm-up excluded.
     """
     sampling, kernels, decoding = resolve_options(sampling, kernels, decoding, **options)
-    su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
-               sampling=sampling, stop_tokens=stop_tokens, max_len=max_len, kernels=kernels)
+    su = setup(target, drafter, prompts, method=method, budget=budget, shared_budget=shared_budget,
+               max_new_tokens=max_new_tokens, sampling=sampling, stop_tokens=stop_tokens,
+               max_len=max_len, kernels=kernels)
     plan, tparams = su.plan, target[1]
     check_memory(plan, len(prompts), su.max_len, tparams)
     loop = decode_loop_for(plan, decoding.decode_loop)
@@ -75,7 +83,7 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
 
     accept = np.asarray(state.accept)
     steps = int(np.any(accept > 0, axis=0).sum())    # steps in which some stream was active
-    accept = accept[:, :steps]
+    accept, nodes = accept[:, :steps], np.asarray(state.nodes)[:, :steps]
     tokens = [out_tokens[i, :out_len[i]].tolist() for i in range(len(prompts))]
     acc = [row[row > 0].tolist() for row in accept]
     flat = accept[accept > 0]
@@ -86,4 +94,5 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
         stage_times=(stage_times(tparams, dparams, stage_state, plan, decoding.stage_reps,
                                  decoding.steps_per_call) if decoding.stage_reps else {}),
         steps=steps, prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s,
-        device_steps=int(state.step), decode_loop=loop)
+        device_steps=int(state.step), decode_loop=loop,
+        tree_nodes=[n[a > 0].tolist() for n, a in zip(nodes, accept)])
