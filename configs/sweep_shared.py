@@ -27,6 +27,6 @@ def get_config():
     c.streams = (4, 16)
     c.batches = 5
     c.max_new_tokens = 32
-    c.stage_reps = 1               # the "step" time of each point: the shared-auto point's curve
+    c.stage_reps = 3               # the "step" time of each point: the shared-auto point's curve
     c.out_dir = c.out_dir.replace("sweep_default", "sweep_shared")
     return c

@@ -131,16 +131,23 @@ def _served(prompts, requests: int):
 def acceptance_stats(results) -> dict:
     """The verified-node accounting of GenerateResults (`generate`'s, one per batch, or `serve`'s):
     tokens_per_step = emitted tokens / steps (all streams of a step together; the steps of the
-    batches summed), tokens_per_verified = emitted tokens / verified tokens (each active stream's
-    root and draft nodes), tau_per_stream [batch][stream] (served: [1][request]), tree_nodes
-    [batch][stream][step]: the draft nodes each stream verified per step (a static batch's streams
-    start together, so index i of every stream is the batch's step i)."""
+    batches summed); tokens_per_full_step: the same over the steps in which every stream of a
+    static batch is active (the tail where only the slowest streams still run left out; served:
+    None, its steps are not aligned); tokens_per_verified = emitted tokens / verified tokens (each
+    active stream's root and draft nodes); tau_per_stream [batch][stream] (served: [1][request]);
+    acceptance_lengths and tree_nodes [batch][stream][step]: each stream's emitted tokens and
+    verified draft nodes per step (a static batch's streams start together, so index i of every
+    stream is the batch's step i)."""
     acc = [a for r in results for row in r.acceptance_lengths for a in row]
     nodes = [n for r in results for row in r.tree_nodes for n in row]
+    full = [sum(row[i] for row in r.acceptance_lengths) for r in results if r.request_seconds is None
+            for i in range(min(map(len, r.acceptance_lengths)))]
     return dict(tokens_per_step=sum(acc) / max(1, sum(r.steps for r in results)),
+                tokens_per_full_step=float(np.mean(full)) if full else None,
                 tokens_per_verified=sum(acc) / (len(nodes) + sum(nodes)) if nodes else 0.0,
                 tau_per_stream=[[float(np.mean(row)) if row else 0.0 for row in r.acceptance_lengths]
                                 for r in results],
+                acceptance_lengths=[r.acceptance_lengths for r in results],
                 tree_nodes=[r.tree_nodes for r in results])
 
 

@@ -100,14 +100,16 @@ METHOD_ORDER = {"ar": 0, "dflash": 1, "ddtree": 2, "ddtree-auto": 3, "ddtree-sha
 def summary_table(records: Iterable[dict]) -> str:
     """Markdown table: one row per point, grouped by temperature and streams ("k": engine steps
     per dispatch, or per device-loop check, with the decode loop, "host" or "device"; "tok/step":
-    emitted tokens per step over all streams; "tok/verified": emitted tokens per verified token;
+    emitted tokens per step over all streams; "tok/full step": the same over the steps in which
+    every stream is active; "tok/verified": emitted tokens per verified token;
     "steps": steps in which a stream was active; "device steps": steps the device ran, per batch,
     summed). Served points (continuous batching) add their requests, median request seconds and
     per-request tok/s. Records written before the verified-node accounting leave its cells empty."""
     records = list(records)
     served = any(r.get("requests") for r in records)
     extra = " | requests | request p50 s | request tok/s" if served else ""
-    head = ("| T | streams | method | budget | k | tau | tok/step | tok/verified | tok/s | speedup | "
+    head = ("| T | streams | method | budget | k | tau | tok/step | tok/full step | tok/verified | tok/s | "
+            "speedup | "
             "step ms | " + " | ".join(f"{s} ms" for s in STAGES) + " | steps | device steps" + extra + " |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted(records, key=lambda r: (r["temperature"], r["streams"], METHOD_ORDER[r["method"]],
@@ -123,7 +125,7 @@ def summary_table(records: Iterable[dict]) -> str:
                         if r.get("requests") else " | "))
         rows.append(f"| {r['temperature']:g} | {r['streams']} | {r['method']} | {budget_cell(r)} | "
                     f"{r.get('steps_per_call', '')} {r.get('loop', '')} | {r['tau']:.2f} | "
-                    f"{num('tokens_per_step')} | {num('tokens_per_verified')} | "
+                    f"{num('tokens_per_step')} | {num('tokens_per_full_step')} | {num('tokens_per_verified')} | "
                     f"{r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
                     + " | ".join(ms(s) for s in STAGES)
                     + f" | {r['steps']} | {r.get('device_steps', '')}{cells} |")
@@ -180,7 +182,8 @@ def node_histogram(tree_nodes, cap: int) -> np.ndarray:
 
 def plot_shared(records: Iterable[dict], path: str, temperature: float) -> None:
     """Shared against uniform budgets at one temperature, a row per stream count: emitted tokens
-    per step and tokens/s against the step's total draft nodes N (uniform: N / streams per stream,
+    per step while every stream is active (records without it: over all steps) and tokens/s
+    against the step's total draft nodes N (uniform: N / streams per stream,
     shared: N over all streams, the per-step choice as a star), and the shared points' histograms
     of draft nodes per stream and step; without matplotlib a printed note instead."""
     try:
@@ -196,7 +199,9 @@ def plot_shared(records: Iterable[dict], path: str, temperature: float) -> None:
         group = [r for r in recs if r["streams"] == s]
         shared = sorted((r for r in group if r["method"] == "ddtree-shared"), key=lambda r: r["shared_budget"])
         uniform = sorted((r for r in group if r["method"] == "ddtree"), key=lambda r: r["budget"])
-        for ax, field, title in ((row[0], "tokens_per_step", "emitted tokens per step"),
+        field = "tokens_per_full_step" if all(r.get("tokens_per_full_step") for r in shared) else "tokens_per_step"
+        for ax, field, title in ((row[0], field, "emitted tokens per step" + (
+                                     ", all streams active" if field == "tokens_per_full_step" else "")),
                                  (row[1], "tokens_per_second", "tokens / s")):
             ax.plot([r["budget"] * s for r in uniform], [r[field] for r in uniform], "o-", label="uniform")
             ax.plot([r["shared_budget"] for r in shared], [r[field] for r in shared], "s-", label="shared")

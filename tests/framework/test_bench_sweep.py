@@ -5,6 +5,7 @@ import dataclasses
 import os
 
 import jax
+import numpy as np
 import pytest
 
 from ddtree_jax import engine
@@ -55,6 +56,9 @@ def test_shared_points_against_their_uniform_splits(tmp_path):
         assert len(steps) == rec["steps"] and all(sum(c) <= n and max(c) <= cap for c in steps)
         verified = sum(len(c) + sum(c) for c in steps)
         assert rec["tokens_per_verified"] == pytest.approx(rec["tokens_per_step"] * rec["steps"] / verified)
+        full = [sum(c) for batch in rec["acceptance_lengths"] for c in sweep_io._steps(batch)
+                if len(c) == len(batch)]
+        assert rec["tokens_per_full_step"] == pytest.approx(np.mean(full))
         assert rec["greedy_ties"] == 0 and len(rec["tau_per_stream"][0]) == 2
     for p, step in zip(points[2:4], (2e-3, 3e-3)):      # the auto point's curve comes from these
         key = sweep_io.point_key(p)
