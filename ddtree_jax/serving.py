@@ -91,9 +91,8 @@ def serve(target, drafter, prompts: Sequence[Sequence[int]], *, streams: int, me
     slots share it, and a finished or idle slot, done until its next admission, takes none of it);
     of `decoding`, serve uses steps_per_call, max_lag and warmup. Returns a GenerateResult with one
     entry per request in `tokens`, `acceptance_lengths`, `tree_nodes` and `request_seconds` (host
-    clock from the request's
-    admission, or the start for the first `streams`, to the host seeing it done: up to max_lag
-    calls late); `steps` counts the steps in which some slot was active, `decode_seconds` the
+    clock from the request's admission, or the start for the first `streams`, to the host seeing
+    it done: up to max_lag calls late); `steps` counts the steps in which some slot was active, `decode_seconds` the
     serving wall time, `prefill_seconds` the first `streams` prompts' prefill; no stage times.
     """
     check_int("streams", streams, 1)

@@ -33,9 +33,8 @@ def generate(target, drafter, prompts: Sequence[Sequence[int]], *, method: str =
     most `budget` per stream (tree.share_budget: a sure stream gets a deep tree, an unsure one a
     small one, a finished one none); a budget.StepTimeCurve of step seconds over such totals, N
     chosen per step by the expected rate (budget.shared_total). max_new_tokens: one int or one per
-    stream; stop_tokens (one id or several) end a
-    stream (the stop token is emitted); max_len: target cache slots per stream (default: just
-    enough, rounded up to model.CACHE_SLOT_ALIGN).
+    stream; stop_tokens (one id or several) end a stream (the stop token is emitted); max_len:
+    target cache slots per stream (default: just enough, rounded up to model.CACHE_SLOT_ALIGN).
     sampling (sampling.Sampling): greedy by default; otherwise tokens are drawn from the target's
     distribution (optionally top-k / top-p truncated) with key(seed).
     kernels (config.Kernels): the kernel implementations, "auto" by default.

@@ -51,8 +51,8 @@ initial_state.__doc__ = """initial_state(tparams, dparams, tokens [S, P] int32, 
 state, jitted (plan and the sizes static): the zero-padded prompts `tokens` (true lengths `lengths`)
 through the target, the drafter's context appended (not for ar), each stream's first token chosen
 with `key`; the target cache has `max_len` slots per stream, out_tokens [S, max_out], accept
-and nodes [S, max_steps]. `prefill` calls it with a Setup's arrays and key(seed); call it directly for other
-arrays, sizes or keys, or inside another jitted function (serving's admission)."""
+and nodes [S, max_steps]. `prefill` calls it with a Setup's arrays and key(seed); call it directly
+for other arrays, sizes or keys, or inside another jitted function (serving's admission)."""
 
 
 @functools.partial(jax.jit, static_argnames=_PREFILL_STATIC, donate_argnames=("buffers",),
