@@ -323,12 +323,15 @@ def test_serve_more_slots_than_requests_and_bad_input(pair32, prompts, greedy_ar
         dj.serve(target, drafter, prompts[:3], streams=2, method="ar", steps_per_call=0)
 
 
-def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
+@pytest.mark.parametrize("shared", [None, 5])
+def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts, shared):
     """After several ddtree steps, each stream's committed latent cache and drafter context equal
-    those of running its committed tokens through the target (and drafter) from scratch."""
+    those of running its committed tokens through the target (and drafter) from scratch; also
+    with 5 nodes shared by the 4 streams (trees of 0 to 5 real nodes among 8 slots)."""
     target, drafter = pair32
     (cfg, tp), (dcfg, dp) = target, drafter
-    su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=8, max_new_tokens=12)
+    su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=8, shared_budget=shared,
+                      max_new_tokens=12)
     state = engine.prefill(target, drafter, su)
     for _ in range(3):
         state, _ = engine.decode_steps(tp, dp, state, su.plan)
