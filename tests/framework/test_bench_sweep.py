@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ddtree_jax import engine
-from ddtree_jax.bench import parity, sweep, sweep_io
+from ddtree_jax.bench import auto_budget, parity, sweep, sweep_io
 from tests.sweep_testing import load_config, overrides
 
 
@@ -36,7 +36,8 @@ def test_shared_points_against_their_uniform_splits(tmp_path):
     as a ddtree point where it divides (once, beside the budgets), and ddtree-shared-auto; other
     points keep their keys (no shared_budget field). A shared point records its verified-node
     accounting: no step above N nodes or a stream above the cap, the totals consistent with tau;
-    the auto point takes its curve from the shared points' step times."""
+    the auto point takes its curve from the shared points' step times (or measures one over the
+    shared totals)."""
     cfg = load_config("sweep_default")
     cfg.update(overrides(str(tmp_path), "", methods=("ar", "ddtree", "ddtree-shared", "ddtree-shared-auto"),
                           budgets=(2,), streams=(2,), shared_budgets=(3, 4), shared_cap=3, max_new_tokens=4))
@@ -65,6 +66,9 @@ def test_shared_points_against_their_uniform_splits(tmp_path):
         log.records[key] = dict(log.records[key], stage_times={"step": step})
     auto = sweep.run_point(target, drafter, prompts, points[4], log, cfg)
     assert auto["curve_budgets"] == [3, 4] and auto["curve_seconds"] == [2e-3, 3e-3]
+    measured = auto_budget.measure_step_times(target, drafter, prompts[:2], (4, 2), shared_cap=3,
+                                              max_new_tokens=4, reps=1)
+    assert measured.budgets == (2, 4) and min(measured.seconds) > 0
     assert all(sum(c) <= 4 for batch in auto["tree_nodes"] for c in sweep_io._steps(batch))
     table = sweep_io.summary_table(list(log.records.values()) + [auto])
     assert "| ddtree-shared | 4/3 |" in table and "| ddtree-shared-auto | auto/3 |" in table
