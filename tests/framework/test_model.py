@@ -180,9 +180,10 @@ def test_num_new_keeps_padding_out_of_the_routed_experts(tiny):
     vis = jnp.broadcast_to(jnp.tril(jnp.ones((6, 6), bool)), (3, 6, 6))
     num_new = jnp.asarray([6, 2, 0], jnp.int32)
     cache = dj.init_cache(cfg, 3, 8)
-    (logits, _, _), state = model.Decoder(cfg, jnp.float32, dj.Kernels(moe="xla")).apply(
-        {"params": params}, tokens, pos, cache.kv, cache.lengths, vis, num_new, (), "absorbed",
-        capture_intermediates=lambda mdl, _: isinstance(mdl, model.MoE), mutable=["intermediates"])
+    apply = jax.jit(lambda p, n: model.Decoder(cfg, jnp.float32, dj.Kernels(moe="xla")).apply(
+        {"params": p}, tokens, pos, cache.kv, cache.lengths, vis, n, (), "absorbed",
+        capture_intermediates=lambda mdl, _: isinstance(mdl, model.MoE), mutable=["intermediates"]))
+    (logits, _, _), state = apply(params, num_new)
     valid = np.arange(6)[None, :] < np.asarray(num_new)[:, None]
     moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
     assert moe_layers

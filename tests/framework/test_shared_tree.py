@@ -73,7 +73,6 @@ def test_inactive_streams_take_nothing(S, L, V, cap):
         assert_tree_equal(got, gold)
         assert not np.asarray(got.num_nodes)[~active].any()
         assert_tree_equal(share(full, jnp.int32(total), jnp.asarray(active)), gold)
-        assert_tree_equal(T.share_budget(full, total, active=jnp.asarray(active)), gold)
 
 
 @pytest.mark.parametrize("S,L,V,cap", SHAPES)
