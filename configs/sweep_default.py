@@ -22,8 +22,11 @@ def get_config():
     c.random_vocab = 64          # random tiny pair only: vocabulary, drafter block, prompt length
     c.block_size = 16
     c.prompt_len = 0             # cut prompts to this many tokens (0: as given; random prompts: 32)
-    c.methods = ("ar", "dflash", "ddtree", "ddtree-auto")
+    c.methods = ("ar", "dflash", "ddtree", "ddtree-auto")   # also "ddtree-shared", "ddtree-shared-auto"
     c.budgets = (8, 32, 64)
+    c.shared_budgets = ()        # ddtree-shared: draft nodes per step over all streams (and, with
+                                 # "ddtree", each total's uniform split N / streams where it divides)
+    c.shared_cap = 32            # ddtree-shared: the most nodes one stream may take
     c.streams = (1, 4)
     c.temperatures = (0.0,)
     c.top_k = 0

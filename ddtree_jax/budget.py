@@ -14,19 +14,29 @@ drafter makes this an overestimate; the choice only needs its shape over b to be
 Cost. t(b) = the measured step time, linear between measured budgets and constant outside them;
 candidates stop at the largest measured budget. Rate(b) = E(b) / t(b), expected accepted tokens
 per second per stream (t(b) is measured at the run's stream count, so the streams' total rate is
-this times a factor independent of b); the choice is its argmax.
+this times a factor independent of b); the choice is its argmax (`best_budget`, once per run).
+
+Shared budget (`ddtree_jax.tree.share_budget`). With one budget N over all streams, a step
+verifies the N best nodes of the union of the streams' trees (the ranked union, scores
+descending), and its expected emitted tokens over its A active streams are
+
+    E(N) = A + sum over the first N nodes of the ranked union of exp(score).
+
+With t(N) the step time measured at shared budget N (same streams and per-stream cap), the step's
+rate is E(N) / t(N). Adding node N + 1 pays when its expected tokens per second of extra time,
+exp(score_{N+1}) / (t(N+1) - t(N)), beat the step's E(N) / t(N): exactly when the rate rises.
+`shared_total` takes the N in 0..min(real nodes, largest measured N) of the highest rate (the
+first on ties), on the device, per step; its float64 golden is
+`ddtree_jax.reference.tree_ref.shared_total_reference`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-
-from ddtree_jax import engine
 
 
 def expected_acceptance(scores) -> np.ndarray:
@@ -36,7 +46,7 @@ def expected_acceptance(scores) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class StepTimeCurve:
-    """Measured seconds per step at a few budgets; piecewise linear in between."""
+    """Measured seconds per step at a few budgets (or shared totals); piecewise linear in between."""
 
     budgets: tuple[int, ...]
     seconds: tuple[float, ...]
@@ -71,52 +81,22 @@ def best_budget(expected: np.ndarray, curve: StepTimeCurve) -> BudgetChoice:
     return BudgetChoice(int(b[i]), float(expected[i]), float(curve(b[i])), float(rate[i]))
 
 
-def _state(target, drafter, prompts, budget, temperature, max_new_tokens, seed):
-    su = engine.setup(target, drafter, prompts, method="ddtree", budget=budget,
-                      max_new_tokens=max_new_tokens, temperature=temperature)
-    return su, engine.prefill(target, drafter, su, seed)
+def shared_total(scores: jax.Array, num_nodes: jax.Array, active: jax.Array,
+                 curve: StepTimeCurve) -> jax.Array:
+    """The shared budget N of the best expected rate E(N) / t(N) (module docstring); jit-able.
 
-
-def measure_step_times(target, drafter, prompts: Sequence[Sequence[int]], budgets: Sequence[int], *,
-                       temperature: float = 0.0, max_new_tokens: int = 32, reps: int = 3,
-                       seed: int = 0, steps_per_call: int = 1) -> StepTimeCurve:
-    """Seconds per jitted ddtree step at each budget, as the engine's loop runs it: `reps` calls of
-    `steps_per_call` steps dispatched back to back (after a warm-up call), per step."""
-    times = []
-    for b in budgets:
-        su, state = _state(target, drafter, prompts, int(b), temperature, max_new_tokens, seed)
-        state, _ = jax.block_until_ready(engine.decode_steps(target[1], drafter[1], state, su.plan,
-                                                             steps_per_call))
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            state, _ = engine.decode_steps(target[1], drafter[1], state, su.plan, steps_per_call)
-        jax.block_until_ready(state)
-        times.append((time.perf_counter() - t0) / (reps * steps_per_call))
-    return StepTimeCurve(tuple(int(b) for b in budgets), tuple(times))
-
-
-def draft_expectation(target, drafter, prompts: Sequence[Sequence[int]], max_budget: int, *,
-                      steps: int = 4, temperature: float = 0.0, max_new_tokens: int = 32,
-                      seed: int = 0) -> np.ndarray:
-    """[max_budget]: E[acceptance length] per budget, averaged over streams and the trees of the
-    first `steps` steps of a ddtree run at `max_budget`."""
-    su, state = _state(target, drafter, prompts, max_budget, temperature, max_new_tokens, seed)
-    tree_of = jax.jit(lambda st: engine.stage_tree(
-        engine.stage_draft(target[1], drafter[1], st, su.plan), su.plan).scores)
-    curves = []
-    for _ in range(min(steps, su.max_steps)):
-        active = ~np.asarray(state.done)
-        if not active.any():
-            break
-        curves.append(expected_acceptance(np.asarray(tree_of(state)))[active])
-        state, _ = engine.decode_steps(target[1], drafter[1], state, su.plan)
-    return np.concatenate(curves).mean(axis=0)
-
-
-def choose_budget(target, drafter, prompts: Sequence[Sequence[int]], curve: StepTimeCurve, *,
-                  steps: int = 4, temperature: float = 0.0, max_new_tokens: int = 32,
-                  seed: int = 0) -> BudgetChoice:
-    """Pick the budget for a run from its first steps' trees and the step-time curve."""
-    expected = draft_expectation(target, drafter, prompts, curve.budgets[-1], steps=steps,
-                                 temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    return best_budget(expected, curve)
+    scores [S, B] float32 path log-probs of per-stream trees in node order (`Tree.scores`),
+    num_nodes [S] their real nodes, active [S] bool (inactive streams add neither nodes nor A);
+    curve: t(N) over shared totals. -> int32 []: N in 0..min(real nodes of the active streams,
+    curve.budgets[-1]), the smallest on ties.
+    """
+    s, b = scores.shape
+    real = active[:, None] & (jnp.arange(b)[None, :] < num_nodes[:, None])
+    p = jnp.sort(jnp.where(real, jnp.exp(scores.astype(jnp.float32)), 0.0).reshape(-1))[::-1]
+    n = jnp.arange(s * b + 1)
+    expected = (jnp.sum(active, dtype=jnp.float32)
+                + jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.cumsum(p)]))
+    seconds = jnp.interp(n.astype(jnp.float32), jnp.asarray(curve.budgets, jnp.float32),
+                         jnp.asarray(curve.seconds, jnp.float32))
+    ok = (n <= jnp.sum(real)) & (n <= curve.budgets[-1])
+    return jnp.argmax(jnp.where(ok, expected / seconds, -jnp.inf)).astype(jnp.int32)

@@ -11,7 +11,8 @@ any stop token or max_new_tokens cut them, 1 + the draft depth the target accept
 - acceptance rate by depth [max_length - 1]: entry d - 1 is, of the steps that reached depth
   d - 1 (a >= d), the fraction that accepted depth d (a >= d + 1); NaN where no step reached it.
 - accepted per verified: sum of a over the tokens the target verified, nodes per stream per step
-  (root included: ar 1, a chain block_size, a tree budget + 1); 1 for ar.
+  (root included: ar 1, a chain block_size, a tree budget + 1; under a shared budget each step's
+  own draft nodes + 1); 1 for ar.
 - time to first token (TTFT) and time per output token (TPOT) per stream or request, from the
   times of its first and last token since the start: TPOT = (last - first) / (tokens - 1), for
   streams of two tokens or more; `percentiles` of each (p50 / p90 / p99, linear interpolation).
@@ -54,13 +55,25 @@ def acceptance_rate_by_depth(acceptance_lengths: Sequence[Sequence[int]], max_le
     return np.where(reached[1:-1] > 0, reached[2:] / np.maximum(reached[1:-1], 1), np.nan)
 
 
-def accepted_per_verified(acceptance_lengths: Sequence[Sequence[int]], nodes_per_step: int) -> float:
-    """Emitted tokens per token the target verified: sum(a) / (steps * nodes_per_step)."""
-    if nodes_per_step < 1:
-        raise ValueError(f"nodes_per_step must be >= 1, got {nodes_per_step}")
+def accepted_per_verified(acceptance_lengths: Sequence[Sequence[int]], verified) -> float:
+    """Emitted tokens per token the target verified: sum(a) / the verified tokens. verified: an int,
+    the tokens each stream verifies per step (root included), or one count per (stream, step) like
+    acceptance_lengths (a shared budget's trees differ per step: draft nodes + 1)."""
     rows = [np.asarray(a, np.float64).reshape(-1) for a in acceptance_lengths]
     flat = np.concatenate(rows) if rows else np.zeros(0)
-    return float(flat.sum() / (flat.size * nodes_per_step)) if flat.size else 0.0
+    if isinstance(verified, (int, np.integer)):
+        if verified < 1:
+            raise ValueError(f"verified must be >= 1, got {verified}")
+        total = flat.size * int(verified)
+    else:
+        counts = [np.asarray(v, np.float64).reshape(-1) for v in verified]
+        if [c.size for c in counts] != [r.size for r in rows]:
+            raise ValueError("verified must hold one count per (stream, step) of acceptance_lengths; "
+                             f"got {[c.size for c in counts]} against {[r.size for r in rows]}")
+        total = float(sum(c.sum() for c in counts))
+        if any((c < 1).any() for c in counts):
+            raise ValueError("verified counts must be >= 1 (the root is always verified)")
+    return float(flat.sum() / total) if flat.size else 0.0
 
 
 def time_per_output_token(first_token_seconds: Sequence[float], last_token_seconds: Sequence[float],
@@ -87,17 +100,18 @@ def _json(x: float) -> float | None:
     return None if np.isnan(x) else float(x)
 
 
-def summary(acceptance_lengths, max_length: int, nodes_per_step: int, tokens: Sequence[Sequence[int]],
+def summary(acceptance_lengths, max_length: int, verified, tokens: Sequence[Sequence[int]],
             first_token_seconds: Sequence[float] | None = None,
             last_token_seconds: Sequence[float] | None = None) -> dict:
     """Every metric above as plain floats, ints and lists, NaN as None (JSON-ready): keys
     mean_accept_length, acceptance_rate_by_depth, acceptance_histogram, accepted_per_verified
-    and, given per-stream times, ttft_seconds and tpot_seconds (`percentiles` dicts)."""
+    and, given per-stream times, ttft_seconds and tpot_seconds (`percentiles` dicts); verified as
+    `accepted_per_verified` takes it."""
     out = {"mean_accept_length": mean_accept_length(acceptance_lengths),
            "acceptance_rate_by_depth": [_json(r) for r in acceptance_rate_by_depth(acceptance_lengths,
                                                                                    max_length)],
            "acceptance_histogram": acceptance_histogram(acceptance_lengths, max_length).tolist(),
-           "accepted_per_verified": accepted_per_verified(acceptance_lengths, nodes_per_step)}
+           "accepted_per_verified": accepted_per_verified(acceptance_lengths, verified)}
     if first_token_seconds is not None and last_token_seconds is not None:
         tpot = time_per_output_token(first_token_seconds, last_token_seconds, [len(t) for t in tokens])
         for key, values in (("ttft_seconds", first_token_seconds), ("tpot_seconds", tpot)):

@@ -175,22 +175,26 @@ class Router(nn.Module):
 
 
 class MoE(nn.Module):
-    """noaux_tc-routed experts (through the "moe_experts" kernel op) plus shared experts."""
+    """noaux_tc-routed experts (through the "moe_experts" kernel op) plus shared experts.
+
+    x [S, T, d], valid [S, T] bool: the routed experts compute only valid tokens' slots (an
+    invalid token's routed output is 0, and its slots take no rows of the expert GEMMs)."""
 
     cfg: ModelConfig
     param_dtype: Any = jnp.float32
     kernels: Kernels = Kernels()
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, valid):
         cfg = self.cfg
         d, e = cfg.hidden_size, cfg.n_routed_experts
         gate, bias = Router(d, e, self.param_dtype, name="gate")()
         experts = self.param("experts", functools.partial(init_experts, cfg, dtype=self.param_dtype))
         xt = x.reshape(-1, d)
         ids, weights = route(router_logits(xt, gate), bias, cfg)
+        slots = jnp.broadcast_to(valid.reshape(-1, 1), ids.shape)
         routed = sharding.moe_experts(functools.partial(moe_kernels.moe_experts, impl=self.kernels.moe),
-                                      xt, ids, weights, experts)
+                                      xt, ids, weights, experts, slots)
         out = routed.reshape(x.shape).astype(x.dtype)
         if cfg.n_shared_experts:
             out = out + SwiGLU(d, cfg.n_shared_experts * cfg.moe_intermediate_size, self.param_dtype,
@@ -323,7 +327,8 @@ class DecoderLayer(nn.Module):
         h = x + a
         y = RMSNorm(cfg.rms_norm_eps, pd, name="post_attention_layernorm")(h)
         if cfg.is_moe_layer(self.index):
-            m = MoE(cfg, pd, self.kernels, name="mlp")(y)
+            valid = jnp.arange(x.shape[1])[None, :] < num_new[:, None]       # [S, T]
+            m = MoE(cfg, pd, self.kernels, name="mlp")(y, valid)
         else:
             m = SwiGLU(cfg.hidden_size, cfg.intermediate_size, pd, name="mlp")(y)
         return h + m, kv
@@ -390,7 +395,9 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, 
     """Run T new tokens per stream against `cache`.
 
     tokens, positions [S, T] integer; visibility [S, T, T] bool (None: causal among the new tokens);
-    num_new [S] integer in [0, T], valid new tokens per stream (None: all T). New tokens are written at slots
+    num_new [S] integer in [0, T], valid new tokens per stream (None: all T): the first num_new[s]
+    of stream s; the routed experts compute only those (the others' slots take no rows of the
+    expert GEMMs, and their outputs are not meaningful). New tokens are written at slots
     lengths[s] + t; the returned cache has lengths += num_new. Returns logits [S, T, V] float32,
     the cache, and the hidden states after layers `taps` concatenated [S, T, len(taps) * d].
     kernels: the kernel implementations (config.Kernels; default: "auto" for every operation);

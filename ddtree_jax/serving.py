@@ -61,14 +61,15 @@ def _admit(tparams, dparams, state: EngineState, slots, reqs, prompts, lengths, 
                               _put(dcache.v, new.dcache.v, slots, 1),
                               _put(dcache.lengths, new.dcache.lengths, slots, 0))
     rows = {f: _put(getattr(state, f), getattr(new, f), slots, 0)
-            for f in ("pending", "out_tokens", "out_len", "accept", "done", "max_new")}
+            for f in ("pending", "out_tokens", "out_len", "accept", "nodes", "done", "max_new")}
     return engine.shard_state(state.replace(tcache=tcache, dcache=dcache, key=key, **rows)), new.pending
 
 
 @jax.jit
 def _rows(state: EngineState, slots):
-    """Slots [A]' (out_tokens [A, max_out], out_len [A], accept [A, max_steps]), copied out."""
-    return state.out_tokens[slots], state.out_len[slots], state.accept[slots]
+    """Slots [A]' (out_tokens [A, max_out], out_len [A], accept [A, max_steps], nodes
+    [A, max_steps]), copied out."""
+    return state.out_tokens[slots], state.out_len[slots], state.accept[slots], state.nodes[slots]
 
 
 def batch_sizes(streams: int) -> tuple[int, ...]:
@@ -81,7 +82,8 @@ def batch_sizes(streams: int) -> tuple[int, ...]:
 
 
 def serve(target, drafter, prompts: Sequence[str | Sequence[int]], *, streams: int,
-          method: str = "ddtree", budget: int = 64, max_new_tokens: int | Sequence[int] = 64,
+          method: str = "ddtree", budget: int = 64, shared_budget=None,
+          max_new_tokens: int | Sequence[int] = 64,
           sampling: Sampling | None = None, seed: int = 0, stop_tokens: int | Sequence[int] = (),
           max_len: int | None = None, kernels: Kernels | None = None,
           decoding: engine.Decoding | None = None, tokenizer: Tokenizer | None = None,
@@ -89,24 +91,25 @@ def serve(target, drafter, prompts: Sequence[str | Sequence[int]], *, streams: i
     """Serve every prompt (one request each, in order) with `streams` slots decoding at once.
 
     Arguments as `engine.generate` (max_new_tokens: one int or one per request; kernels'
-    attn_balance is meant for this ragged case: the slots' contexts differ; prompts: token lists
-    or, with `tokenizer`, strings); of `decoding`, serve uses steps_per_call, max_lag and warmup.
-    Returns a GenerateResult with one entry per request in `tokens`, `texts` (with a tokenizer),
-    `acceptance_lengths` and `request_seconds` (host clock from the request's admission, or the
-    start for the first `streams`, to the host seeing it done: up to max_lag calls late); `steps`
-    counts the steps in which some slot was active, `decode_seconds` the serving wall time,
-    `prefill_seconds` the first `streams` prompts' prefill (timed after a warm-up one with
-    warmup); no stage times. Every request arrives at the start: `first_token_seconds` and
-    `last_token_seconds` run from the first prefill's start, compile and warm-up left out, to the
-    host seeing the request's first token chosen (its admission's prefill done) and the request
-    done.
+    attn_balance is meant for this ragged case: the slots' contexts differ; shared_budget: the
+    slots share it, and a finished or idle slot, done until its next admission, takes none of it;
+    prompts: token lists or, with `tokenizer`, strings); of `decoding`, serve uses steps_per_call,
+    max_lag and warmup. Returns a GenerateResult with one entry per request in `tokens`, `texts`
+    (with a tokenizer), `acceptance_lengths`, `tree_nodes` and `request_seconds` (host clock from
+    the request's admission, or the start for the first `streams`, to the host seeing it done: up
+    to max_lag calls late); `steps` counts the steps in which some slot was active,
+    `decode_seconds` the serving wall time, `prefill_seconds` the first `streams` prompts' prefill
+    (timed after a warm-up one with warmup); no stage times. Every request arrives at the start:
+    `first_token_seconds` and `last_token_seconds` run from the first prefill's start, compile and
+    warm-up left out, to the host seeing the request's first token chosen (its admission's prefill
+    done) and the request done.
     """
     check_int("streams", streams, 1)
     sampling, kernels, decoding = engine.resolve_options(sampling, kernels, decoding, **options)
     steps_per_call, lag, warmup = decoding.steps_per_call, decoding.lag, decoding.warmup
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
-                      max_new_tokens=max_new_tokens, sampling=sampling, stop_tokens=stop_tokens,
-                      max_len=max_len, kernels=kernels, tokenizer=tokenizer)
+                      shared_budget=shared_budget, max_new_tokens=max_new_tokens, sampling=sampling,
+                      stop_tokens=stop_tokens, max_len=max_len, kernels=kernels, tokenizer=tokenizer)
     plan, tparams = su.plan, target[1]
     dparams = drafter[1] if plan.dcfg is not None else None
     n = len(su.lengths)
@@ -216,6 +219,7 @@ def serve(target, drafter, prompts: Sequence[str | Sequence[int]], *, streams: i
     tokens = [rows[r][0][:int(rows[r][1])].tolist() for r in range(n)]
     clock = lambda t: prefill_s + t - t0    # noqa: E731  (from the first prefill's start)
     acc = [rows[r][2][rows[r][2] > 0].tolist() for r in range(n)]
+    tree_nodes = [rows[r][3][rows[r][2] > 0].tolist() for r in range(n)]
     flat = np.concatenate([np.asarray(a, np.int64) for a in acc])
     active = np.zeros(max_steps, bool)
     for r in range(n):
@@ -226,7 +230,7 @@ def serve(target, drafter, prompts: Sequence[str | Sequence[int]], *, streams: i
         tokens_per_second=generated / decode_s if decode_s > 0 else 0.0, stage_times={},
         steps=int(active.sum()), prefill_seconds=prefill_s, decode_seconds=decode_s,
         compile_seconds=compile_s, request_seconds=[seen[r] - started[r] for r in range(n)],
-        device_steps=calls * steps_per_call,
+        device_steps=calls * steps_per_call, tree_nodes=tree_nodes,
         texts=[tokenizer.decode(t) for t in tokens] if tokenizer is not None else None,
         first_token_seconds=[clock(first[r]) for r in range(n)],
         last_token_seconds=[clock(seen[r]) for r in range(n)],

@@ -238,31 +238,34 @@ def per_stream(fn: Callable, *args):
                          check_vma=False)(*args)
 
 
-def moe_experts(fn: Callable, x, topk_ids, topk_weights, experts):
-    """fn(x [T,d], ids [T,k], weights [T,k], experts) -> [T,d] (the "moe_experts" op), expert-
-    parallel under a mesh: every shard runs its own experts on its streams' tokens (slots routed
-    elsewhere get weight 0 and a local id spread over the local experts) and a psum over the
-    expert shards combines. Tokens are stream-major, so they shard like the streams."""
+def moe_experts(fn: Callable, x, topk_ids, topk_weights, experts, valid=None):
+    """fn(x [T,d], ids [T,k], weights [T,k], experts, valid [T,k] bool or None) -> [T,d] (the
+    "moe_experts" op), expert-parallel under a mesh: every shard runs its own experts on its
+    streams' tokens (a slot routed elsewhere is dropped there, as an invalid slot is everywhere)
+    and a psum over the expert shards combines. Tokens are stream-major, so they shard like the
+    streams."""
     mesh = current_mesh()
     num_experts = jax.tree.leaves(experts)[0].shape[0]
     eaxes = _single(spec(("experts",), (num_experts,), mesh)[0])
     tspec = spec(("streams", None), x.shape, mesh)
     if not eaxes and tspec[0] is None:
-        return fn(x, topk_ids, topk_weights, experts)
+        return fn(x, topk_ids, topk_weights, experts, valid)
     n_local = num_experts // math.prod(dict(mesh.shape)[a] for a in eaxes)  # prod(()) = 1
+    if valid is None:
+        valid = jnp.ones(topk_ids.shape, bool)
 
-    def local(xl, ids, w, ex):
+    def local(xl, ids, w, ok, ex):
         if not eaxes:
-            return fn(xl, ids, w, ex)
+            return fn(xl, ids, w, ex, ok)
         rel = ids - _shard_offset(eaxes, n_local)
         mine = (rel >= 0) & (rel < n_local)
-        y = fn(xl, jnp.where(mine, rel, ids % n_local), jnp.where(mine, w, 0.0), ex)
+        y = fn(xl, jnp.where(mine, rel, 0), w, ex, ok & mine)
         return jax.lax.psum(y, eaxes)
 
     espec = jax.tree.map(lambda _: P(eaxes or None), experts)
-    return jax.shard_map(local, in_specs=(tspec, tspec, tspec, espec), out_specs=tspec,
+    return jax.shard_map(local, in_specs=(tspec, tspec, tspec, tspec, espec), out_specs=tspec,
                          check_vma=False)(
-        x, topk_ids, topk_weights, experts)
+        x, topk_ids, topk_weights, valid, experts)
 
 
 def topk_logsumexp(fn: Callable, x, k: int):

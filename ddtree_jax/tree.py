@@ -1,5 +1,5 @@
 """DDTree on the accelerator: `build_tree` (exact best-first draft tree), `build_shared_tree` (one
-budget shared by all streams) and `follow_tree`.
+budget shared by all streams; `share_budget` cuts trees already built) and `follow_tree`.
 
 Shapes: S streams, L draft depths, V vocabulary, B budget (non-root nodes), N = B + 1 (root = 0).
 
@@ -27,6 +27,8 @@ over each stream's first `cap` nodes, exactly as the golden
 `ddtree_jax.reference.tree_ref.shared_search_reference` pops them. Each stream's list is in node
 order with non-increasing scores, so the order restricted to one stream is its node order: a stream
 gets a prefix of its `build_tree(draft_logits, cap)` nodes, a prefix-closed tree of B = cap nodes.
+A stream marked inactive (`active`: a finished stream) gets no node and takes nothing from the
+total.
 
 Padding nodes (index > num_nodes: fewer than B distinct prefixes exist, or the shared budget gave
 the stream fewer than B): token 0, depth 0, parent -1, score -inf; each sees only itself and
@@ -52,7 +54,7 @@ from pallas_kernels.tree_search.xla import LOGP_FLOOR, ancestors, pack_bits
 
 __all__ = ["LOGP_FLOOR", "Tree", "ancestors", "build_shared_tree",
            "build_shared_tree_from_logprobs", "build_tree", "build_tree_from_logprobs",
-           "follow_tree", "num_real_nodes", "pack_bits"]
+           "follow_tree", "num_real_nodes", "pack_bits", "share_budget"]
 
 
 @functools.partial(jax.tree_util.register_dataclass,
@@ -154,7 +156,7 @@ def _keep_first(fields: dict, num_nodes) -> dict:
                 scores=jnp.where(rows, fields["scores"], -jnp.inf))
 
 
-def build_shared_tree(draft_logits: jax.Array, total: int, cap: int, *,
+def build_shared_tree(draft_logits: jax.Array, total: int, cap: int, *, active=None,
                       topk_impl: str = "auto") -> Tree:
     """draft_logits [S, L, V] -> Tree of the `total` best prefixes over all streams, at most `cap`
     per stream (order and ties: the module docstring).
@@ -164,34 +166,69 @@ def build_shared_tree(draft_logits: jax.Array, total: int, cap: int, *,
     min(total, the real nodes of those trees). total >= S * cap gives
     `build_tree(draft_logits, cap)` itself; total = 0 gives trees of padding only. total and cap
     are Python ints (static under jit); one compilation per shape and cap serves every total.
+    active [S] bool (None: every stream): a stream where it is False (a finished one) gets an empty
+    tree and takes nothing from `total`.
     topk_impl and non-finite logits as in `build_tree`: a stream whose logits hold NaN or +inf under
     a trace gets an empty tree and takes nothing from `total`.
     """
     check_int("total", total, 0)
     check_int("cap", cap, 1)
     _check_logits(draft_logits, "draft_logits")
-    return _build_shared(draft_logits, jnp.int32(min(total, INT32_MAX)), int(cap),
-                         registry.resolve("topk_logsumexp", topk_impl), False)
+    return _build_shared(draft_logits, jnp.int32(min(total, INT32_MAX)), _active(active, draft_logits),
+                         int(cap), registry.resolve("topk_logsumexp", topk_impl), False)
 
 
-def build_shared_tree_from_logprobs(logp: jax.Array, total: int, cap: int, *,
+def build_shared_tree_from_logprobs(logp: jax.Array, total: int, cap: int, *, active=None,
                                     topk_impl: str = "auto") -> Tree:
     """Like `build_shared_tree`, but logp [S, L, V] are used as the per-depth log-probs as given."""
     check_int("total", total, 0)
     check_int("cap", cap, 1)
     _check_logits(logp, "logp")
-    return _build_shared(logp, jnp.int32(min(total, INT32_MAX)), int(cap),
+    return _build_shared(logp, jnp.int32(min(total, INT32_MAX)), _active(active, logp), int(cap),
                          registry.resolve("topk", topk_impl), True)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _build_shared(x, total, cap: int, impl: str, given_logprobs: bool) -> Tree:
+def share_budget(tree: Tree, total, *, active=None) -> Tree:
+    """Per-stream trees of B = cap nodes (`build_tree(draft_logits, cap)`) -> their shared-budget
+    cut, the `build_shared_tree(draft_logits, total, cap, active=active)` Tree: each stream keeps
+    its first num_nodes[s] nodes, `total` over the active streams in the module docstring's order.
+
+    total: an int >= 0, or an integer scalar array (traced under jit: one compilation serves every
+    total; `ddtree_jax.budget.shared_total` picks one per step); active [S] bool or None.
+    """
+    if not isinstance(tree, Tree):
+        raise ValueError(f"tree must be a Tree; got {type(tree).__name__}")
+    if getattr(total, "ndim", None) == 0 and jnp.issubdtype(total.dtype, jnp.integer):
+        total = jnp.asarray(total, jnp.int32)
+    else:
+        check_int("total", total, 0)
+        total = jnp.int32(min(total, INT32_MAX))
+    return _share(tree, total, _active(active, tree.tokens))
+
+
+def _active(active, x) -> jax.Array:
+    """active [S] bool or None (every stream; S = x.shape[0]) -> bool [S], or ValueError naming
+    `active`."""
+    if active is None:
+        return jnp.ones(x.shape[:1], bool)
+    if getattr(active, "shape", None) != x.shape[:1] or getattr(active, "dtype", None) != jnp.bool_:
+        raise ValueError(f"active must be bool [S={x.shape[0]}]; got {getattr(active, 'dtype', None)} "
+                         f"{getattr(active, 'shape', None)}")
+    return jnp.asarray(active)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _build_shared(x, total, active, cap: int, impl: str, given_logprobs: bool) -> Tree:
     # total is an operand, not static: one compilation per shape and cap serves every total
-    tree = _build(x, cap, impl, given_logprobs)
+    return _share(_build(x, cap, impl, given_logprobs), total, active)
+
+
+def _share(tree: Tree, total, active) -> Tree:
+    """`share_budget` of checked arguments: total int32 [], active bool [S]."""
     fields = {f.name: getattr(tree, f.name)
               for f in dataclasses.fields(Tree) if f.name != "max_depth"}
-    return Tree(**_keep_first(fields, _shared_counts(tree.scores, tree.num_nodes, total)),
-                max_depth=tree.max_depth)
+    counts = _shared_counts(tree.scores, jnp.where(active, tree.num_nodes, 0), total)
+    return Tree(**_keep_first(fields, counts), max_depth=tree.max_depth)
 
 
 def _shared_counts(scores: jax.Array, num_nodes: jax.Array, total) -> jax.Array:

@@ -1,5 +1,7 @@
 """Speculative decoding sweep: methods ar / dflash / ddtree (+ ddtree-auto) over tree budget x streams
-x temperature, on the shipped target + drafter pair (or a random tiny pair).
+x temperature, on the shipped target + drafter pair (or a random tiny pair); with
+config.shared_budgets, ddtree-shared (N draft nodes per step over all streams, at most
+config.shared_cap each; + ddtree-shared-auto, N per step) against each N's uniform split.
 
     python experiments/speculative_sweep.py --config=configs/sweep_default.py
     python experiments/speculative_sweep.py --config=configs/sweep_default.py \
@@ -21,7 +23,12 @@ equal, or apart where the float32 target is at a near-tie of its logits or of an
 counted in "greedy_ties") before its numbers are recorded; ar's records keep their tokens for that
 check, in this run and in a resumed one.
 ddtree-auto picks its budget per run (ddtree_jax.budget) from the first steps' draft trees and the
-step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2).
+step-time curve of the same group's fixed-budget points (measured afresh if there are fewer than 2);
+ddtree-shared-auto hands the engine the curve of the group's shared points, and each step picks N.
+Every record also holds tokens per step over all streams (and over the steps where every stream
+is active), tokens per verified token, tau per stream and each stream's node count per step
+(ddtree_jax.bench.sweep.acceptance_stats); with shared points, <out_dir>/shared_T<temperature>.png
+compares them with the uniform splits.
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ def make_state(key, *, cfg, dcfg, streams: int, max_len: int, context: int, dtyp
         pending=jax.random.randint(keys[-2], (streams,), 0, cfg.vocab_size, jnp.int32),
         out_tokens=jnp.zeros((streams, dcfg.block_size + 1), jnp.int32),
         out_len=jnp.ones((streams,), jnp.int32), accept=jnp.zeros((streams, 1), jnp.int32),
+        nodes=jnp.zeros((streams, 1), jnp.int32),
         done=jnp.zeros((streams,), bool), max_new=jnp.full((streams,), 2 ** 30, jnp.int32),
         step=jnp.zeros((), jnp.int32), key=keys[-1]))
 
@@ -238,9 +239,10 @@ def measure_point(progs: _Programs, tparams, dparams, state, draft_logits, cfg, 
         row[name] = median_seconds(fn, *args, reps=reps, inner=inner)
         windows[name] = clocks.window(t0, time.time(), gpus) if clocks else {}
 
-    tree_c = progs.compile("tree", _tree, draft_logits, plan=plan)
-    time_of("tree", tree_c, draft_logits)
-    tree = tree_c(draft_logits)
+    active = ~state.done
+    tree_c = progs.compile("tree", _tree, draft_logits, active, plan=plan)
+    time_of("tree", tree_c, draft_logits, active)
+    tree = tree_c(draft_logits, active)
     if ref is not None:   # the n-way draft may round a near-tie of the random drafter otherwise
         tree = jax.device_put(ref[0], jax.tree.map(lambda x: x.sharding, tree))
 
@@ -434,7 +436,7 @@ def reference_outputs(o: Options, cfg, dcfg, work: mp.Workload) -> dict:
                                   plan=engine.Plan(cfg, dcfg, "ddtree", 1, Sampling(), ()))
             for b in o.budgets:
                 plan = engine.Plan(cfg, dcfg, "ddtree", b, Sampling(), ())
-                tree = _tree(draft_logits, plan=plan)
+                tree = _tree(draft_logits, ~state.done, plan=plan)
                 logits, _, _, state = _verify(tparams, state, tree, plan=plan)
                 out[(s, b)] = (jax.tree.map(np.asarray, tree), np.asarray(logits))
     return out

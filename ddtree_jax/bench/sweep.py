@@ -14,9 +14,9 @@ from jax._src import xla_bridge
 
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
-from ddtree_jax import engine, serving
+from ddtree_jax import engine, metrics, serving
 from ddtree_jax.checks import check_int, is_int
-from ddtree_jax.bench import parity, sweep_io
+from ddtree_jax.bench import auto_budget, parity, sweep_io
 
 
 def load_pair(cfg):
@@ -60,30 +60,51 @@ def grid(cfg, pair_id: str) -> list[dict]:
                         drafter_attn_impl=cfg.get("drafter_attn_impl", "auto"),
                         attn_balance=bool(cfg.get("attn_balance", True)))
             methods = [(m, None) for m in ("dflash",) if m in cfg.methods]
-            if "ddtree" in cfg.methods:
+            if "ddtree" in cfg.methods:   # the budgets, and each shared total's uniform split
                 methods += [("ddtree", int(b)) for b in cfg.budgets]
+                methods += [("ddtree", int(n) // s) for n in shared_totals(cfg)
+                            if n >= s and n % s == 0 and ("ddtree", int(n) // s) not in methods]
             if "ddtree-auto" in cfg.methods:
                 methods.append(("ddtree-auto", None))
             points.append(dict(base, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
             points += [dict(base, method=m, budget=b) for m, b in methods]
+            cap = cfg.get("shared_cap", 0)
+            if "ddtree-shared" in cfg.methods:
+                points += [dict(base, method="ddtree-shared", budget=cap, shared_budget=int(n))
+                           for n in shared_totals(cfg)]
+            if "ddtree-shared-auto" in cfg.methods:
+                points.append(dict(base, method="ddtree-shared-auto", budget=cap))
     return points
 
 
-SWEEP_METHODS = ("ar", "dflash", "ddtree", "ddtree-auto")
+def shared_totals(cfg) -> tuple[int, ...]:
+    """The config's shared budgets (config.shared_budgets; absent in older configs: none)."""
+    return tuple(cfg.get("shared_budgets", ()))
+
+
+SWEEP_METHODS = ("ar", "dflash", "ddtree", "ddtree-auto", "ddtree-shared", "ddtree-shared-auto")
+SHARED_METHODS = ("ddtree-shared", "ddtree-shared-auto")
 
 
 def check_config(cfg) -> None:
-    """ValueError naming the config field (config.methods, .streams, .budgets, .temperatures,
-    .max_new_tokens, .batches) whose value the sweep cannot run: an unknown method, an empty list,
-    a count below 1, a negative temperature."""
+    """ValueError naming the config field (config.methods, .streams, .budgets, .shared_budgets,
+    .shared_cap, .temperatures, .max_new_tokens, .batches) whose value the sweep cannot run: an
+    unknown method, an empty list, a count below 1, a negative temperature."""
     unknown = [m for m in cfg.methods if m not in SWEEP_METHODS]
     if unknown or not cfg.methods:
         raise ValueError(f"config.methods must name methods from {SWEEP_METHODS}; got "
                          f"{tuple(cfg.methods)} ({unknown or 'empty'})")
-    for field, minimum, needed in (("streams", 1, True), ("budgets", 1, "ddtree" in cfg.methods)):
-        values = tuple(cfg[field])
-        if needed and (not values or not all(is_int(v) and v >= minimum for v in values)):
-            raise ValueError(f"config.{field} must be a non-empty list of ints >= {minimum}; got {values}")
+    shared = any(m in cfg.methods for m in SHARED_METHODS)
+    lists = {"streams": tuple(cfg.streams), "budgets": tuple(cfg.budgets),
+             "shared_budgets": shared_totals(cfg)}
+    # ddtree's budgets may be left empty when the shared budgets give its points (their splits)
+    needed = {"streams": True, "budgets": "ddtree" in cfg.methods and not lists["shared_budgets"],
+              "shared_budgets": shared}
+    for field, values in lists.items():
+        if needed[field] and (not values or not all(is_int(v) and v >= 1 for v in values)):
+            raise ValueError(f"config.{field} must be a non-empty list of ints >= 1; got {values}")
+    if shared:
+        check_int("config.shared_cap", cfg.get("shared_cap"), 1)
     temps = tuple(cfg.temperatures)
     if not temps or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
                             for t in temps):
@@ -107,12 +128,37 @@ def _served(prompts, requests: int):
     return [prompts[i % len(prompts)] for i in range(requests)]
 
 
-def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> dict:
+def acceptance_stats(results) -> dict:
+    """The verified-node accounting of GenerateResults (`generate`'s, one per batch, or `serve`'s):
+    tokens_per_step = emitted tokens / steps (all streams of a step together; the steps of the
+    batches summed); tokens_per_full_step: the same over the steps in which every stream of a
+    static batch is active (the tail where only the slowest streams still run left out; served:
+    None, its steps are not aligned); tokens_per_verified = emitted tokens / verified tokens (each
+    active stream's root and draft nodes); tau_per_stream [batch][stream] (served: [1][request]);
+    acceptance_lengths and tree_nodes [batch][stream][step]: each stream's emitted tokens and
+    verified draft nodes per step (a static batch's streams start together, so index i of every
+    stream is the batch's step i)."""
+    acc = [a for r in results for row in r.acceptance_lengths for a in row]
+    full = [sum(row[i] for row in r.acceptance_lengths) for r in results if r.request_seconds is None
+            for i in range(min(map(len, r.acceptance_lengths)))]
+    return dict(tokens_per_step=sum(acc) / max(1, sum(r.steps for r in results)),
+                tokens_per_full_step=float(np.mean(full)) if full else None,
+                tokens_per_verified=metrics.accepted_per_verified(
+                    [row for r in results for row in r.acceptance_lengths],
+                    [[n + 1 for n in row] for r in results for row in r.tree_nodes]),
+                tau_per_stream=[[float(np.mean(row)) if row else 0.0 for row in r.acceptance_lengths]
+                                for r in results],
+                acceptance_lengths=[r.acceptance_lengths for r in results],
+                tree_nodes=[r.tree_nodes for r in results])
+
+
+def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg, shared=None) -> dict:
     """Run every prompt batch (static batches), or serve p["requests"] requests through
     p["streams"] slots (continuous batching, `prompts` cycled); tau over all (stream, step) pairs,
-    tokens/s = tokens / decode time; "tokens": the generated ids per batch (served: one batch of
-    every request), per stream."""
-    kw = dict(method=p["method"].replace("-auto", ""), budget=budget,
+    tokens/s = tokens / decode time, `acceptance_stats`; "tokens": the generated ids per batch
+    (served: one batch of every request), per stream. shared: the engine's shared_budget (an int,
+    or a step-time curve over shared totals)."""
+    kw = dict(method=p["method"].split("-")[0], budget=budget, shared_budget=shared,
               max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
               top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"],
               drafter_attn_impl=p["drafter_attn_impl"], attn_balance=p.get("attn_balance", True))
@@ -128,32 +174,36 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg) -> d
                     generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
                     compile_seconds=r.compile_seconds, steps=r.steps, device_steps=r.device_steps,
                     stage_times=stage, request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
-                    request_tokens_per_second=float(per_request.mean()), tokens=[r.tokens])
-    acc, tokens, decode, compile_s, steps, device_steps, stage, ids = [], 0, 0.0, 0.0, 0, 0, None, []
+                    request_tokens_per_second=float(per_request.mean()), tokens=[r.tokens],
+                    **acceptance_stats([r]))
+    results, stage = [], None
     for batch in batches:
         r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
                             timing_reps=p["timing_reps"], decode_loop=p["decode_loop"], **kw)
-        acc += [a for row in r.acceptance_lengths for a in row]
-        tokens += sum(len(t) - 1 for t in r.tokens)
-        ids.append(r.tokens)
-        decode += r.decode_seconds
-        compile_s += r.compile_seconds
-        steps += r.steps
-        device_steps += r.device_steps
+        results.append(r)
         stage = r.stage_times if stage is None else stage
+    acc = [a for r in results for row in r.acceptance_lengths for a in row]
+    tokens = sum(len(t) - 1 for r in results for t in r.tokens)
+    decode = sum(r.decode_seconds for r in results)
     return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
-                generated=tokens, decode_seconds=decode, compile_seconds=compile_s, steps=steps,
-                device_steps=device_steps, stage_times=stage, loop=r.decode_loop, tokens=ids)
+                generated=tokens, decode_seconds=decode,
+                compile_seconds=sum(r.compile_seconds for r in results),
+                steps=sum(r.steps for r in results),
+                device_steps=sum(r.device_steps for r in results), stage_times=stage,
+                loop=results[-1].decode_loop, tokens=[r.tokens for r in results],
+                **acceptance_stats(results))
 
 
 def _group(p: dict, **changes) -> str:
-    return sweep_io.point_key(dict(p, **changes))
+    """The key of the point of p's group (same streams, temperature, ...) with `changes`; a shared
+    point's shared_budget is not a group parameter."""
+    return sweep_io.point_key(dict({k: v for k, v in p.items() if k != "shared_budget"}, **changes))
 
 
 def check_greedy(target, prompts, batches, p: dict, rec: dict, ar: dict | None) -> int:
     """A temperature-0 speculative point's tokens against its group's ar point's, batch by batch
     (parity.check_greedy); -> streams that left ar's tokens at a near-tie."""
-    what = f"{p['method']}{'@' + str(rec['budget']) if rec['budget'] else ''} at {p['streams']} streams"
+    what = f"{p['method']}{'@' + sweep_io.budget_cell(rec) if rec['budget'] else ''} at {p['streams']} streams"
     if not ar or "tokens" not in ar:
         raise ValueError(f"{what}, temperature 0: its tokens are checked against the ar point of its "
                          f"group, which is not in the results log (grid runs it first)")
@@ -162,30 +212,41 @@ def check_greedy(target, prompts, batches, p: dict, rec: dict, ar: dict | None) 
                for b, (g, want, got) in enumerate(zip(groups, ar["tokens"], rec["tokens"])))
 
 
+def _curve(log, p: dict, method: str, xs, key: str) -> budgets.StepTimeCurve | None:
+    """The step-time curve of the group's finished `method` points at x values `xs` (their field
+    `key`: "budget" or "shared_budget"), from their "step" stage times; None below 2 of them."""
+    fixed = [log.records.get(_group(p, method=method, **{key: int(x)})) for x in xs]
+    fixed = [r for r in fixed if r and "step" in (r["stage_times"] or {})]
+    if len(fixed) < 2:
+        return None
+    return budgets.StepTimeCurve(tuple(r[key] for r in fixed), tuple(r["stage_times"]["step"] for r in fixed))
+
+
 def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) -> dict:
-    """One point -> its record (parameters, key, measurements)."""
+    """One point -> its record (parameters, key, measurements). "ddtree-auto" picks its budget for
+    the run, "ddtree-shared-auto" hands the engine a step-time curve over shared totals (each step
+    picks its own total): both from the group's fixed points' step times, or measured afresh."""
     t0 = time.perf_counter()
     batches = _batches(prompts, p["streams"], p["batches"])
-    extra, budget = {}, p["budget"] or 1
+    extra, budget, shared = {}, p["budget"] or 1, p.get("shared_budget")
+    measure = dict(temperature=p["temperature"], max_new_tokens=p["max_new_tokens"], seed=p["seed"])
     if p["method"] == "ddtree-auto":
-        fixed = [log.records.get(_group(p, method="ddtree", budget=int(b))) for b in cfg.budgets]
-        fixed = [r for r in fixed if r and "step" in (r["stage_times"] or {})]
-        if len(fixed) >= 2:
-            curve = budgets.StepTimeCurve(tuple(r["budget"] for r in fixed),
-                                          tuple(r["stage_times"]["step"] for r in fixed))
-        else:
-            curve = budgets.measure_step_times(target, drafter, batches[0], cfg.budgets,
-                                               temperature=p["temperature"],
-                                               max_new_tokens=p["max_new_tokens"], seed=p["seed"],
-                                               steps_per_call=p["steps_per_call"])
-        choice = budgets.choose_budget(target, drafter, batches[0], curve, steps=cfg.auto_steps,
-                                       temperature=p["temperature"],
-                                       max_new_tokens=p["max_new_tokens"], seed=p["seed"])
+        curve = _curve(log, p, "ddtree", cfg.budgets, "budget") or auto_budget.measure_step_times(
+            target, drafter, batches[0], cfg.budgets, steps_per_call=p["steps_per_call"], **measure)
+        choice = auto_budget.choose_budget(target, drafter, batches[0], curve, steps=cfg.auto_steps,
+                                           **measure)
         budget = choice.budget
         extra = dict(expected_tau=choice.expected_tau, curve_budgets=list(curve.budgets),
                      curve_seconds=list(curve.seconds), choose_seconds=time.perf_counter() - t0)
+    elif p["method"] == "ddtree-shared-auto":
+        shared = _curve(log, p, "ddtree-shared", shared_totals(cfg), "shared_budget") or \
+            auto_budget.measure_step_times(target, drafter, batches[0], shared_totals(cfg),
+                                           shared_cap=budget, steps_per_call=p["steps_per_call"],
+                                           **measure)
+        extra = dict(curve_budgets=list(shared.budgets), curve_seconds=list(shared.seconds),
+                     choose_seconds=time.perf_counter() - t0)
     rec = dict(p, key=sweep_io.point_key(p), **extra,
-               **_generate(target, drafter, prompts, batches, p, budget, cfg))
+               **_generate(target, drafter, prompts, batches, p, budget, cfg, shared))
     rec["budget"] = budget if p["method"].startswith("ddtree") else None
     ar = log.records.get(_group(p, method="ar", budget=None, steps_per_call=ar_steps_per_call(cfg)))
     if p["temperature"] == 0 and p["method"] != "ar":   # lossless, or no numbers
@@ -211,11 +272,14 @@ def run_sweep(cfg) -> list[dict]:
         rec = run_point(target, drafter, prompts, p, log, cfg)
         log.append(rec)
         print(f"[{i + 1}/{len(todo)}] streams {p['streams']} T {p['temperature']:g} {p['method']}"
-              f"{'@' + str(rec['budget']) if rec['budget'] else ''}: tau {rec['tau']:.2f}, "
+              f"{'@' + sweep_io.budget_cell(rec) if rec['budget'] else ''}: tau {rec['tau']:.2f}, "
               f"{rec['tokens_per_second']:.1f} tok/s, {rec['wall_seconds']:.1f} s", flush=True)
     records = [log.records[sweep_io.point_key(p)] for p in points]
     for temp in cfg.temperatures:
         sweep_io.plot_sweep(records, os.path.join(cfg.out_dir, f"sweep_T{float(temp):g}.png"), float(temp))
+        if any(r["method"] in SHARED_METHODS for r in records):
+            sweep_io.plot_shared(records, os.path.join(cfg.out_dir, f"shared_T{float(temp):g}.png"),
+                                 float(temp))
     return records
 
 

@@ -13,6 +13,8 @@ import os
 import warnings
 from typing import Iterable
 
+import numpy as np
+
 from ddtree_jax.atomic_io import atomic_path
 from ddtree_jax.bench.timing import STAGES
 
@@ -81,30 +83,50 @@ def read_results(path: str) -> list[dict]:
     return list(ResultsLog(path).records.values())
 
 
+def budget_cell(r: dict) -> str:
+    """A record's budget as the table shows it: the per-stream budget; "N/cap" for a shared budget
+    of N nodes over the streams, at most cap each; "auto/cap" when each step picks N."""
+    if r.get("shared_budget") is not None:
+        return f"{r['shared_budget']}/{r['budget']}"
+    if r["method"] == "ddtree-shared-auto":
+        return f"auto/{r['budget']}"
+    return str(r["budget"] or "")
+
+
+METHOD_ORDER = {"ar": 0, "dflash": 1, "ddtree": 2, "ddtree-auto": 3, "ddtree-shared": 4,
+                "ddtree-shared-auto": 5}
+
+
 def summary_table(records: Iterable[dict]) -> str:
     """Markdown table: one row per point, grouped by temperature and streams ("k": engine steps
-    per dispatch, or per device-loop check, with the decode loop, "host" or "device"; "steps":
-    steps in which a stream was active; "device steps": steps the device ran, per batch, summed). Served
-    points (continuous batching) add their requests, median request seconds and per-request tok/s."""
+    per dispatch, or per device-loop check, with the decode loop, "host" or "device"; "tok/step":
+    emitted tokens per step over all streams; "tok/full step": the same over the steps in which
+    every stream is active; "tok/verified": emitted tokens per verified token;
+    "steps": steps in which a stream was active; "device steps": steps the device ran, per batch,
+    summed). Served points (continuous batching) add their requests, median request seconds and
+    per-request tok/s. Records written before the verified-node accounting leave its cells empty."""
     records = list(records)
     served = any(r.get("requests") for r in records)
     extra = " | requests | request p50 s | request tok/s" if served else ""
-    head = ("| T | streams | method | budget | k | tau | tok/s | speedup | step ms | "
-            + " | ".join(f"{s} ms" for s in STAGES) + " | steps | device steps" + extra + " |")
+    head = ("| T | streams | method | budget | k | tau | tok/step | tok/full step | tok/verified | tok/s | "
+            "speedup | "
+            "step ms | " + " | ".join(f"{s} ms" for s in STAGES) + " | steps | device steps" + extra + " |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
-    order = {"ar": 0, "dflash": 1, "ddtree": 2, "ddtree-auto": 3}
-    for r in sorted(records, key=lambda r: (r["temperature"], r["streams"], order[r["method"]],
-                                            r["budget"] or 0)):
+    for r in sorted(records, key=lambda r: (r["temperature"], r["streams"], METHOD_ORDER[r["method"]],
+                                            r["budget"] or 0, r.get("shared_budget") or 0)):
         st = r.get("stage_times") or {}
         ms = lambda k: f"{st[k] * 1e3:.2f}" if k in st else ""
+        num = lambda k: f"{r[k]:.2f}" if r.get(k) is not None else ""
         speed = f"{r['speedup']:.2f}x" if r.get("speedup") else ""
         cells = ""
         if served:
             cells = (f" | {r.get('requests') or ''} | "
                      + (f"{r['request_p50_s']:.3f} | {r['request_tokens_per_second']:.1f}"
                         if r.get("requests") else " | "))
-        rows.append(f"| {r['temperature']:g} | {r['streams']} | {r['method']} | {r['budget'] or ''} | "
-                    f"{r.get('steps_per_call', '')} {r.get('loop', '')} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
+        rows.append(f"| {r['temperature']:g} | {r['streams']} | {r['method']} | {budget_cell(r)} | "
+                    f"{r.get('steps_per_call', '')} {r.get('loop', '')} | {r['tau']:.2f} | "
+                    f"{num('tokens_per_step')} | {num('tokens_per_full_step')} | {num('tokens_per_verified')} | "
+                    f"{r['tokens_per_second']:.1f} | {speed} | {ms('step')} | "
                     + " | ".join(ms(s) for s in STAGES)
                     + f" | {r['steps']} | {r.get('device_steps', '')}{cells} |")
     return "\n".join(rows)
@@ -149,3 +171,64 @@ def plot_sweep(records: Iterable[dict], path: str, temperature: float) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+
+
+def node_histogram(tree_nodes, cap: int) -> np.ndarray:
+    """tree_nodes [batch][stream][step] (a record's) -> [cap + 1] share of the (stream, step) pairs
+    of active streams that verified 0..cap draft nodes."""
+    counts = np.bincount([n for batch in tree_nodes for row in batch for n in row], minlength=cap + 1)
+    return counts / max(1, counts.sum())
+
+
+def plot_shared(records: Iterable[dict], path: str, temperature: float) -> None:
+    """Shared against uniform budgets at one temperature, a row per stream count: emitted tokens
+    per step while every stream is active (records without it: over all steps) and tokens/s
+    against the step's total draft nodes N (uniform: N / streams per stream,
+    shared: N over all streams, the per-step choice as a star), and the shared points' histograms
+    of draft nodes per stream and step; without matplotlib a printed note instead."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print(f"matplotlib is not installed (pip install -e '.[plots]'): {path} not written", flush=True)
+        return
+    recs = [r for r in records if r["temperature"] == temperature]
+    streams = sorted({r["streams"] for r in recs if r["method"] in ("ddtree-shared", "ddtree-shared-auto")})
+    fig = Figure(figsize=(15, 3.6 * len(streams)))
+    axes = fig.subplots(len(streams), 3, squeeze=False)
+    for row, s in zip(axes, streams):
+        group = [r for r in recs if r["streams"] == s]
+        shared = sorted((r for r in group if r["method"] == "ddtree-shared"), key=lambda r: r["shared_budget"])
+        uniform = sorted((r for r in group if r["method"] == "ddtree"), key=lambda r: r["budget"])
+        field = "tokens_per_full_step" if all(r.get("tokens_per_full_step") for r in shared) else "tokens_per_step"
+        for ax, field, title in ((row[0], field, "emitted tokens per step" + (
+                                     ", all streams active" if field == "tokens_per_full_step" else "")),
+                                 (row[1], "tokens_per_second", "tokens / s")):
+            ax.plot([r["budget"] * s for r in uniform], [r[field] for r in uniform], "o-", label="uniform")
+            ax.plot([r["shared_budget"] for r in shared], [r[field] for r in shared], "s-", label="shared")
+            for r in group:
+                if r["method"] == "ddtree-shared-auto":
+                    mean_n = np.mean([sum(col) for b in r["tree_nodes"] for col in _steps(b)])
+                    ax.plot([mean_n], [r[field]], "*", ms=14, label="shared, N per step (mean N)")
+                elif r["method"] == "ar":
+                    ax.axhline(r[field], color="gray", ls=":", lw=1, label="ar")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("draft nodes per step over all streams (N)")
+            ax.set_title(f"{title}, {s} streams (T {temperature:g})")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        for r in shared:
+            hist = node_histogram(r["tree_nodes"], r["budget"])
+            row[2].step(np.arange(hist.size), hist, where="mid", label=f"N = {r['shared_budget']}")
+        row[2].set_xlabel(f"draft nodes of one stream in one step (cap {shared[0]['budget'] if shared else ''})")
+        row[2].set_ylabel("share of (stream, step) pairs")
+        row[2].set_title(f"shared: nodes per stream and step, {s} streams")
+        row[2].grid(alpha=0.3)
+        row[2].legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+
+
+def _steps(batch) -> list[list[int]]:
+    """One batch's tree_nodes [stream][step] -> [step][active stream]."""
+    return [[row[i] for row in batch if i < len(row)] for i in range(max(map(len, batch), default=0))]

@@ -8,6 +8,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from ddtree_jax.budget import StepTimeCurve
 from ddtree_jax.engine.loops import compile_decode, decode_loop_for, run_decode
 from ddtree_jax.engine.memory import check_memory
 from ddtree_jax.engine.prefilling import prefill
@@ -19,7 +20,8 @@ from ddtree_jax.tokenizer import Tokenizer
 
 
 def generate(target, drafter, prompts: Sequence[str | Sequence[int]], *, method: str = "ddtree",
-             budget: int = 64, max_new_tokens: int | Sequence[int] = 64,
+             budget: int = 64, shared_budget: int | StepTimeCurve | None = None,
+             max_new_tokens: int | Sequence[int] = 64,
              sampling: Sampling | None = None, seed: int = 0, stop_tokens: int | Sequence[int] = (),
              max_len: int | None = None, kernels: Kernels | None = None,
              decoding: Decoding | None = None, tokenizer: Tokenizer | None = None,
@@ -30,9 +32,13 @@ def generate(target, drafter, prompts: Sequence[str | Sequence[int]], *, method:
     stream, a token list or (with `tokenizer`) a str; tokenizer (ddtree_jax.Tokenizer): encodes
     text prompts (no special tokens added) and decodes each stream's tokens into `texts`;
     method: "ar", "dflash" (the drafter's greedy chain) or "ddtree" (a tree of `budget`
-    nodes); max_new_tokens: one int or one per stream; stop_tokens (one id or several) end a
-    stream (the stop token is emitted); max_len: target cache slots per stream (default: just
-    enough, rounded up to model.CACHE_SLOT_ALIGN).
+    nodes); shared_budget ("ddtree" only): None, every stream verifies its own tree of `budget`
+    nodes; an int N, each step verifies the N best nodes over all unfinished streams' trees, at
+    most `budget` per stream (tree.share_budget: a sure stream gets a deep tree, an unsure one a
+    small one, a finished one none); a budget.StepTimeCurve of step seconds over such totals, N
+    chosen per step by the expected rate (budget.shared_total). max_new_tokens: one int or one per
+    stream; stop_tokens (one id or several) end a stream (the stop token is emitted); max_len:
+    target cache slots per stream (default: just enough, rounded up to model.CACHE_SLOT_ALIGN).
     sampling (sampling.Sampling): greedy by default; otherwise tokens are drawn from the target's
     distribution (optionally top-k / top-p truncated) with key(seed).
     kernels (config.Kernels): the kernel implementations, "auto" by default.
@@ -47,9 +53,9 @@ def generate(target, drafter, prompts: Sequence[str | Sequence[int]], *, method:
     step time (`last_token_seconds`).
     """
     sampling, kernels, decoding = resolve_options(sampling, kernels, decoding, **options)
-    su = setup(target, drafter, prompts, method=method, budget=budget, max_new_tokens=max_new_tokens,
-               sampling=sampling, stop_tokens=stop_tokens, max_len=max_len, kernels=kernels,
-               tokenizer=tokenizer)
+    su = setup(target, drafter, prompts, method=method, budget=budget, shared_budget=shared_budget,
+               max_new_tokens=max_new_tokens, sampling=sampling, stop_tokens=stop_tokens,
+               max_len=max_len, kernels=kernels, tokenizer=tokenizer)
     plan, tparams, streams = su.plan, target[1], len(su.lengths)
     check_memory(plan, streams, su.max_len, tparams)
     loop = decode_loop_for(plan, decoding.decode_loop)
@@ -87,7 +93,7 @@ def generate(target, drafter, prompts: Sequence[str | Sequence[int]], *, method:
 
     accept = np.asarray(state.accept)
     steps = int(np.any(accept > 0, axis=0).sum())    # steps in which some stream was active
-    accept = accept[:, :steps]
+    accept, nodes = accept[:, :steps], np.asarray(state.nodes)[:, :steps]
     tokens = [out_tokens[i, :out_len[i]].tolist() for i in range(streams)]
     acc = [row[row > 0].tolist() for row in accept]
     flat = accept[accept > 0]
@@ -103,4 +109,5 @@ def generate(target, drafter, prompts: Sequence[str | Sequence[int]], *, method:
         texts=[tokenizer.decode(t) for t in tokens] if tokenizer is not None else None,
         first_token_seconds=[prefill_s] * streams,
         last_token_seconds=[prefill_s + len(a) * step_s for a in acc],
-        nodes_per_step=plan.nodes, max_accept_length=plan.max_depth + 1)
+        nodes_per_step=plan.nodes, max_accept_length=plan.max_depth + 1,
+        tree_nodes=[n[a > 0].tolist() for n, a in zip(nodes, accept)])

@@ -39,7 +39,8 @@ def _prefill_state(tparams, dparams, tokens, lengths, max_new, key, plan: Plan, 
         done = done | jnp.isin(first, jnp.asarray(plan.stop_tokens, jnp.int32))
     return shard_state(EngineState(
         tcache=out.cache, dcache=dcache, pending=first, out_tokens=out_tokens,
-        out_len=jnp.ones((s,), jnp.int32), accept=jnp.zeros((s, max_steps), jnp.int32), done=done,
+        out_len=jnp.ones((s,), jnp.int32), accept=jnp.zeros((s, max_steps), jnp.int32),
+        nodes=jnp.zeros((s, max_steps), jnp.int32), done=done,
         max_new=max_new, step=jnp.zeros((), jnp.int32), key=key))
 
 
@@ -50,8 +51,8 @@ initial_state.__doc__ = """initial_state(tparams, dparams, tokens [S, P] int32, 
 state, jitted (plan and the sizes static): the zero-padded prompts `tokens` (true lengths `lengths`)
 through the target, the drafter's context appended (not for ar), each stream's first token chosen
 with `key`; the target cache has `max_len` slots per stream, out_tokens [S, max_out], accept
-[S, max_steps]. `prefill` calls it with a Setup's arrays and key(seed); call it directly for other
-arrays, sizes or keys, or inside another jitted function (serving's admission)."""
+and nodes [S, max_steps]. `prefill` calls it with a Setup's arrays and key(seed); call it directly
+for other arrays, sizes or keys, or inside another jitted function (serving's admission)."""
 
 
 @functools.partial(jax.jit, static_argnames=_PREFILL_STATIC, donate_argnames=("buffers",),

@@ -14,7 +14,8 @@ from ddtree_jax import drafter as dft
 from ddtree_jax import metrics
 from ddtree_jax import model as tgt
 from ddtree_jax import sharding
-from ddtree_jax.checks import check_int, integer_array
+from ddtree_jax.budget import StepTimeCurve
+from ddtree_jax.checks import check_int, integer_array, is_int
 from ddtree_jax.config import DrafterConfig, Kernels, ModelConfig
 from ddtree_jax.sampling import Sampling
 
@@ -33,6 +34,7 @@ class EngineState:
     out_tokens: jnp.ndarray      # [S, max_new + block] int32 emitted tokens
     out_len: jnp.ndarray         # [S] int32
     accept: jnp.ndarray          # [S, max_steps] int32 acceptance length per step (0: inactive)
+    nodes: jnp.ndarray           # [S, max_steps] int32 draft nodes verified per step (0: inactive)
     done: jnp.ndarray            # [S] bool
     max_new: jnp.ndarray         # [S] int32
     step: jnp.ndarray            # [] int32
@@ -50,10 +52,15 @@ class Plan:
     sampling: Sampling
     stop_tokens: tuple[int, ...]
     kernels: Kernels = Kernels()   # the kernel implementations of the model, drafter and tree
+    # "ddtree" only: None, each stream a tree of `budget` nodes; an int N, the N best nodes over
+    # all active streams, at most `budget` each (tree.share_budget); a StepTimeCurve over shared
+    # totals, N chosen per step by the expected rate (budget.shared_total)
+    shared_budget: int | StepTimeCurve | None = None
 
     @property
     def nodes(self) -> int:
-        """Verified tokens per stream per step (root included)."""
+        """Verified token slots per stream per step (root included); with a shared budget, the
+        slots past a stream's real nodes are padding that the routed experts skip."""
         return {"ar": 1, "dflash": self.dcfg.block_size if self.dcfg else 1,
                 "ddtree": self.budget + 1}[self.method]
 
@@ -77,6 +84,7 @@ class GenerateResult:
     decode_seconds: float
     compile_seconds: float       # the decode's compile and, with warmup, the prefill's first run
     request_seconds: list | None = None   # `serve` only: per request, admission to its result
+    tree_nodes: list | None = None   # per stream: draft nodes verified by each step, as acceptance_lengths
     device_steps: int = 0        # steps the device ran, including those after every stream was done
     decode_loop: str = ""        # the loop that ran the decode: "host" or "device" (`decode_loop_for`)
     texts: list | None = None    # per stream: `tokens` decoded, where a tokenizer was given
@@ -89,7 +97,9 @@ class GenerateResult:
         """Mean accept length, acceptance rate by depth, acceptance histogram, accepted tokens
         per verified token, TTFT and TPOT (mean, p50, p90, p99) and tokens/s, as plain floats
         and lists (`ddtree_jax.metrics.summary`)."""
-        return dict(metrics.summary(self.acceptance_lengths, self.max_accept_length, self.nodes_per_step,
+        verified = (self.nodes_per_step if self.tree_nodes is None
+                    else [[n + 1 for n in row] for row in self.tree_nodes])
+        return dict(metrics.summary(self.acceptance_lengths, self.max_accept_length, verified,
                                     self.tokens, self.first_token_seconds, self.last_token_seconds),
                     tokens_per_second=self.tokens_per_second)
 
@@ -219,8 +229,8 @@ def encode_prompts(prompts, tokenizer=None) -> list:
     return out
 
 
-def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_tokens=64,
-          sampling: Sampling | None = None, stop_tokens=(), max_len=None,
+def setup(target, drafter, prompts, *, method="ddtree", budget=64, shared_budget=None,
+          max_new_tokens=64, sampling: Sampling | None = None, stop_tokens=(), max_len=None,
           kernels: Kernels | None = None, tokenizer=None, **aliases) -> Setup:
     """Validate a generate call (see `generate`) and lay out its inputs. sampling, kernels and
     their keyword aliases (temperature=..., attn_impl=...) as `resolve_options` takes them; text
@@ -240,11 +250,13 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
         dcfg.check_target(tcfg)
     if method == "ddtree":
         check_int("budget", budget, 1)
+    shared_budget = _shared_budget(shared_budget, method)
     stop = _stop_tokens(stop_tokens)
     if any(not 0 <= t < tcfg.vocab_size for t in stop):
         raise ValueError(f"stop_tokens must lie in the vocabulary [0, {tcfg.vocab_size}); got "
                          f"{[t for t in stop if not 0 <= t < tcfg.vocab_size]}")
-    plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0, sampling, stop, kernels)
+    plan = Plan(tcfg, dcfg, method, int(budget) if method == "ddtree" else 0, sampling, stop, kernels,
+                shared_budget)
     lengths = np.array([len(p) for p in prompts], np.int32)
     if len(prompts) == 0 or np.any(lengths == 0):
         raise ValueError("prompts must be a non-empty list of non-empty token lists")
@@ -274,6 +286,18 @@ def setup(target, drafter, prompts, *, method="ddtree", budget=64, max_new_token
                          f"{tcfg.max_position_embeddings}")
     return Setup(plan, padded, lengths, max_new, max_len,
                  max_out=int(max_new.max()) + plan.max_depth + 1, max_steps=int(max_new.max()))
+
+
+def _shared_budget(shared_budget, method: str) -> int | StepTimeCurve | None:
+    """setup's shared_budget: None, an int >= 0 or a StepTimeCurve, for method "ddtree" only."""
+    if not (shared_budget is None or isinstance(shared_budget, StepTimeCurve)
+            or is_int(shared_budget) and shared_budget >= 0):
+        raise ValueError(f"shared_budget must be None, an int >= 0 or a budget.StepTimeCurve, got "
+                         f"{shared_budget!r}")
+    if shared_budget is not None and method != "ddtree":
+        raise ValueError(f"shared_budget is a total of tree nodes: it needs method 'ddtree', not "
+                         f"{method!r}")
+    return int(shared_budget) if is_int(shared_budget) else shared_budget
 
 
 def _stop_tokens(stop_tokens) -> tuple[int, ...]:

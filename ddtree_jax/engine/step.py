@@ -13,6 +13,7 @@ from ddtree_jax import drafter as dft
 from ddtree_jax import model as tgt
 from ddtree_jax import sharding
 from ddtree_jax import tree as trees
+from ddtree_jax.budget import StepTimeCurve, shared_total
 from ddtree_jax.engine.state import EngineState, Plan, copy_tree, shard_state
 from ddtree_jax.sampling import choose
 from pallas_kernels.tree_accept import tree_accept
@@ -27,10 +28,20 @@ def stage_draft(tparams, dparams, state: EngineState, plan: Plan):
     return dft.draft_logits(tparams, hidden[:, 1:])
 
 
-def stage_tree(draft_logits, plan: Plan) -> trees.Tree:
-    if plan.method == "ddtree":
-        return trees.build_tree(draft_logits, plan.budget, topk_impl=plan.kernels.topk)
-    return chain_tree(draft_logits)
+def stage_tree(draft_logits, active, plan: Plan) -> trees.Tree:
+    """draft logits [S, L, V], active [S] bool -> the step's Tree. "ddtree": `plan.budget` nodes
+    per stream, or with `plan.shared_budget` the best N nodes over the active streams, at most
+    `plan.budget` each (N fixed, or chosen per step from the step-time curve: budget.shared_total);
+    "dflash": the greedy chain."""
+    if plan.method != "ddtree":
+        return chain_tree(draft_logits)
+    tree = trees.build_tree(draft_logits, plan.budget, topk_impl=plan.kernels.topk)
+    if plan.shared_budget is None:
+        return tree
+    total = plan.shared_budget
+    if isinstance(total, StepTimeCurve):
+        total = shared_total(tree.scores, tree.num_nodes, active, total)
+    return trees.share_budget(tree, total, active=active)
 
 
 def chain_tree(draft_logits) -> trees.Tree:
@@ -49,17 +60,22 @@ def chain_tree(draft_logits) -> trees.Tree:
 
 def stage_verify(tparams, state: EngineState, tree: trees.Tree | None, plan: Plan):
     """One target forward over [root + nodes]; -> (logits [S, N, V], cache, taps [S, N, taps*d],
-    tokens [S, N] int32: the verified tokens, root first)."""
+    tokens [S, N] int32: the verified tokens, root first). The routed experts compute an active
+    stream's root and real nodes only (num_new: a tree's padding nodes follow its real ones), and
+    nothing of a finished stream."""
     root = state.pending[:, None]
+    active = ~state.done
     if tree is None:
         tokens, depth, vis = root, jnp.zeros_like(root), None
+        num_new = active.astype(jnp.int32)
     else:
         tokens = jnp.concatenate([root, tree.tokens], axis=1)
         depth = jnp.concatenate([jnp.zeros_like(root), tree.depths], axis=1)
         vis = tree.visibility
+        num_new = jnp.where(active, tree.num_nodes + 1, 0)
     taps = plan.dcfg.target_layer_ids if plan.dcfg is not None and plan.method != "ar" else ()
     out = tgt.forward(tparams, plan.tcfg, tokens, state.tcache.lengths[:, None] + depth, state.tcache,
-                      visibility=vis, taps=taps, kernels=plan.kernels)
+                      visibility=vis, num_new=num_new, taps=taps, kernels=plan.kernels)
     return out.logits, out.cache, out.taps, tokens
 
 
@@ -104,10 +120,12 @@ def stage_accept(dparams, state: EngineState, tree, logits, cache, taps, tokens,
                                     attn_impl=plan.kernels.drafter_attn)
     tcache = tgt.LatentCache(kv=kv, lengths=start + keep)
     accept = state.accept.at[:, state.step].set(jnp.where(active, acc_len, 0), mode="drop")
+    verified = jnp.zeros_like(acc_len) if tree is None else jnp.where(active, tree.num_nodes, 0)
+    nodes = state.nodes.at[:, state.step].set(verified, mode="drop")
     return shard_state(EngineState(
         tcache=tcache, dcache=dcache, pending=jnp.where(active, bonus, state.pending),
-        out_tokens=out_tokens, out_len=out_len, accept=accept, done=done, max_new=state.max_new,
-        step=state.step + 1, key=key))
+        out_tokens=out_tokens, out_len=out_len, accept=accept, nodes=nodes, done=done,
+        max_new=state.max_new, step=state.step + 1, key=key))
 
 
 def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> EngineState:
@@ -119,7 +137,7 @@ def speculative_step(tparams, dparams, state: EngineState, plan: Plan) -> Engine
         with jax.named_scope("draft"):
             draft_logits = stage_draft(tparams, dparams, state, plan)
         with jax.named_scope("tree"):
-            tree = stage_tree(draft_logits, plan)
+            tree = stage_tree(draft_logits, ~state.done, plan)
     with jax.named_scope("verify"):
         logits, cache, taps, tokens = stage_verify(tparams, state, tree, plan)
     with jax.named_scope("accept"):
@@ -185,7 +203,7 @@ def stage_times(tparams, dparams, state: EngineState, plan: Plan, reps: int = 3,
     tree = None
     if plan.method != "ar":
         times["draft"], logits = timed(jit(stage_draft), lambda: (tparams, dparams, state))
-        times["tree"], tree = timed(jit(stage_tree), lambda: (logits,))
+        times["tree"], tree = timed(jit(stage_tree), lambda: (logits, ~state.done))
     times["verify"], (vlogits, cache, taps, tokens) = timed(
         jit(stage_verify, ("state",)), lambda: (tparams, copy_tree(state), tree))
     times["accept"], _ = timed(jit(stage_accept, ("state", "cache")), lambda: (

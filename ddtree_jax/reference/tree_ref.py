@@ -140,14 +140,40 @@ def build_tree_reference(draft_logits, budget: int) -> dict:
     return search_reference(log_softmax_reference(draft_logits), budget)
 
 
-def build_shared_tree_reference(draft_logits, total: int, cap: int) -> dict:
+def build_shared_tree_reference(draft_logits, total: int, cap: int, active=None) -> dict:
     """draft_logits [S, L, V] -> `shared_search_reference` on their float64 log-softmax. A stream
-    with a depth whose logits hold NaN or +inf, or are all -inf (no distribution), is empty."""
+    with a depth whose logits hold NaN or +inf, or are all -inf (no distribution), is empty, and so
+    is a stream where active [S] (bool; None: all) is False."""
     x = np.asarray(draft_logits, np.float64)
     rows_ok = ~np.isnan(x).any(-1) & ~np.isposinf(x).any(-1) & (x > -np.inf).any(-1)   # [S, L]
     empty = ~rows_ok.all(-1)
     logp = log_softmax_reference(np.where(empty[:, None, None], 0.0, x))
+    if active is not None:
+        empty = empty | ~np.asarray(active, bool)
     return shared_search_reference(logp, total, cap, empty)
+
+
+def shared_total_reference(logp, cap: int, active, totals, seconds) -> tuple[int, np.ndarray]:
+    """The shared budget of the best expected rate (`ddtree_jax.budget`), by enumeration.
+
+    logp [S, L, V] per-depth log-probs, active [S] bool; (totals, seconds): the step-time curve,
+    linear between its points and constant outside them. For every N from 0 to the active streams'
+    prefixes (at most cap each) or the largest measured total, whichever is smaller: the tree of
+    `shared_search_reference(logp, N, cap)` over the active streams, its expected emitted tokens
+    E(N) = (active streams) + sum of exp(score) over its nodes, and rate(N) = E(N) / t(N).
+    -> (the N of the highest rate, the smallest on ties; rate [N_max + 1]).
+    """
+    active = np.asarray(active, bool)
+    available = int(shared_search_reference(logp, logp.shape[0] * cap, cap, ~active)["num_nodes"].sum())
+    order = np.argsort(totals)
+    totals, seconds = np.asarray(totals, np.float64)[order], np.asarray(seconds, np.float64)[order]
+    rate = []
+    for n in range(min(available, int(totals[-1])) + 1):
+        scores = shared_search_reference(logp, n, cap, ~active)["scores"]
+        expected = active.sum() + np.exp(scores[np.isfinite(scores)]).sum()
+        rate.append(expected / np.interp(n, totals, seconds))
+    rate = np.asarray(rate)
+    return int(np.argmax(rate)), rate
 
 
 def visibility_reference(parents) -> np.ndarray:

@@ -20,15 +20,18 @@ __all__ = ["moe_experts", "prepare_experts_bf16", "prepare_experts_int4", "exper
 
 
 @registry.chooser("moe_experts")
-def _prefer_triton(x, topk_ids, topk_weights, experts) -> str:
+def _prefer_triton(x, topk_ids, topk_weights, experts, valid=None) -> str:
     """impl="auto" on a GPU: the raw Triton kernels (level with or ahead of the Pallas kernels:
     docs/kernels/moe.md). Where jax-triton is missing or their `supports` rule refuses, the
     registry falls back to "pallas_triton"."""
     return "triton"
 
 
-def moe_experts(x, topk_ids, topk_weights, experts, *, impl: str = "auto"):
-    """x [T, d], topk_ids [T, k] int32, topk_weights [T, k] float32, experts dict -> [T, d] x.dtype:
-    sum_j topk_weights[t, j] * down(silu(gate(x[t])) * up(x[t])) with expert topk_ids[t, j]."""
-    check_moe_inputs(x, topk_ids, topk_weights, experts)   # eagerly: the ids' range too, when known
-    return registry.get("moe_experts", impl)(x, topk_ids, topk_weights, experts)
+def moe_experts(x, topk_ids, topk_weights, experts, valid=None, *, impl: str = "auto"):
+    """x [T, d], topk_ids [T, k] int32, topk_weights [T, k] float32, experts dict, valid [T, k] bool
+    or None (every slot) -> [T, d] x.dtype:
+    sum over the valid j of topk_weights[t, j] * down(silu(gate(x[t])) * up(x[t])) with expert
+    topk_ids[t, j]. An invalid slot takes no row and no block of the grouped GEMMs (no kernel
+    computes it); a token with no valid slot gets 0."""
+    check_moe_inputs(x, topk_ids, topk_weights, experts, valid)   # eagerly: the ids' range too, when known
+    return registry.get("moe_experts", impl)(x, topk_ids, topk_weights, experts, valid)

@@ -103,7 +103,7 @@ def experts_to_hf(experts) -> dict:
     return out
 
 
-def check_moe_inputs(x, topk_ids, topk_weights, experts) -> Dims:
+def check_moe_inputs(x, topk_ids, topk_weights, experts, valid=None) -> Dims:
     """Validate moe_experts' arguments; returns the experts' dims."""
     dm = dims(experts)
     if x.ndim != 2 or x.shape[1] != dm.hidden:
@@ -116,6 +116,10 @@ def check_moe_inputs(x, topk_ids, topk_weights, experts) -> Dims:
         raise ValueError(f"topk_weights: expected shape {topk_ids.shape}, got {topk_weights.shape}")
     if not jnp.issubdtype(topk_weights.dtype, jnp.floating):
         raise ValueError(f"topk_weights: expected a float dtype, got {topk_weights.dtype}")
+    if valid is not None and (getattr(valid, "shape", None) != topk_ids.shape
+                              or getattr(valid, "dtype", None) != jnp.bool_):
+        raise ValueError(f"valid: expected a bool array of topk_ids' shape {tuple(topk_ids.shape)}, "
+                         f"got {getattr(valid, 'dtype', None)} {getattr(valid, 'shape', None)}")
     ids = concrete(topk_ids)
     if ids is not None and ids.size and (ids.min() < 0 or ids.max() >= dm.num_experts):
         raise ValueError(f"topk_ids: expert ids must lie in [0, E={dm.num_experts}); got {ids.min()}..{ids.max()}")

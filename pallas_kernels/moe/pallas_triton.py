@@ -16,7 +16,9 @@ Only real rows (row_slot < T*k) are loaded and written, and h and y are in slot 
 slot = token * k + j), so padding rows exist only as masked lanes of a block: at decode sizes most
 rows of a block are padding (T = 64, top-8: 512 real rows of 6,272), whose reads and writes would
 otherwise add to the weight stream, and the XLA passes of the float16 path read T*k rows, not R.
-The top-k results are then summed per token: deterministic, no atomics.
+The top-k results are then summed per token: deterministic, no atomics. Dropped slots (`valid`)
+have no row, so no program reads or writes them; their never-written h and y rows are left out of
+the per-token sum.
 """
 
 from __future__ import annotations
@@ -323,13 +325,15 @@ def down(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg, out=Non
     return y.sum(0) if split else y
 
 
-def slot_experts(x, topk_ids, topk_weights, experts, dm: Dims, cfg, gate_up_fn=None, down_fn=None):
+def slot_experts(x, topk_ids, topk_weights, experts, dm: Dims, cfg, gate_up_fn=None, down_fn=None,
+                 valid=None):
     """x [T, d] through the routed experts with a gate_up / down kernel pair of these signatures
-    (default: this module's; triton_impl passes its own): routing alignment, the float16 row
-    scaling when `f16_compute`, and the sum of each token's k slots. -> [T, d] x.dtype."""
+    (default: this module's; triton_impl passes its own): routing alignment of the valid slots
+    (valid [T, k] bool; None: all), the float16 row scaling when `f16_compute`, and the sum of each
+    token's valid slots. -> [T, d] x.dtype."""
     gate_up_fn, down_fn = gate_up_fn or gate_up, down_fn or down
     t, k = topk_ids.shape
-    r = align_routing(topk_ids, dm.num_experts, cfg.bm)
+    r = align_routing(topk_ids, dm.num_experts, cfg.bm, valid)
     w = topk_weights.reshape(-1).astype(jnp.float32)
     if f16_compute(x.dtype, experts, cfg):   # rows into float16's range, undone in the epilogues
         x16, cx = to_f16_rows(x)
@@ -339,17 +343,23 @@ def slot_experts(x, topk_ids, topk_weights, experts, dm: Dims, cfg, gate_up_fn=N
     else:
         h = gate_up_fn(x, r.row_slot, r.block_expert, experts, dm, cfg, k)
         y = down_fn(h, r.row_slot, w, r.block_expert, experts, dm, cfg)
-    return y.reshape(t, k, -1).sum(axis=1).astype(x.dtype)
+    y = y.reshape(t, k, -1)
+    if valid is not None:     # a dropped slot's row of y was never written
+        y = jnp.where(valid[:, :, None], y, 0.0)
+    return y.sum(axis=1).astype(x.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def moe_experts_pallas(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoEConfig | None = None):
-    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts -> [T, d] x.dtype (cfg: tuning.config(T))."""
-    dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
-    return slot_experts(x, topk_ids, topk_weights, experts, dm, cfg or tuning.config(x.shape[0]))
+def moe_experts_pallas(x, topk_ids, topk_weights, experts, valid=None, *,
+                       cfg: tuning.MoEConfig | None = None):
+    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts, valid [T, k] bool or None -> [T, d]
+    x.dtype (cfg: tuning.config(T))."""
+    dm = check_moe_inputs(x, topk_ids, topk_weights, experts, valid)
+    return slot_experts(x, topk_ids, topk_weights, experts, dm, cfg or tuning.config(x.shape[0]),
+                        valid=valid)
 
 
-def supports(x, topk_ids, topk_weights, experts) -> str | None:
+def supports(x, topk_ids, topk_weights, experts, valid=None) -> str | None:
     """Why the registered "pallas_triton" implementation cannot take these experts, or None."""
     dm = expert_dims(experts)
     if not dm.int4 and (dm.hidden % 16 or dm.intermediate % 16):
@@ -358,4 +368,5 @@ def supports(x, topk_ids, topk_weights, experts) -> str | None:
 
 
 registry.register("moe_experts", "pallas_triton", supports=supports)(
-    lambda x, topk_ids, topk_weights, experts: moe_experts_pallas(x, topk_ids, topk_weights, experts))
+    lambda x, topk_ids, topk_weights, experts, valid=None: moe_experts_pallas(
+        x, topk_ids, topk_weights, experts, valid))

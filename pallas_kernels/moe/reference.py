@@ -60,18 +60,23 @@ def dequantize_int4_reference(packed, scale, group: int = 32) -> np.ndarray:
     return (q.reshape(*q.shape[:-1], s.shape[-1], group) * s[..., None]).reshape(q.shape)
 
 
-def moe_experts_reference(x, topk_ids, topk_weights, gate, up, down) -> np.ndarray:
-    """out[t] = sum_j w[t,j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])), e = ids[t,j].
+def moe_experts_reference(x, topk_ids, topk_weights, gate, up, down, valid=None) -> np.ndarray:
+    """out[t] = sum over valid j of w[t,j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])),
+    e = ids[t,j].
 
-    x [T, d]; gate, up [E, I, d] and down [E, d, I] in HF orientation; float64 [T, d].
+    x [T, d]; gate, up [E, I, d] and down [E, d, I] in HF orientation; valid [T, k] bool (None:
+    every slot); float64 [T, d] (0 for a token without a valid slot).
     """
     x = np.asarray(x, np.float64)
     ids = np.asarray(topk_ids)
     w = np.asarray(topk_weights, np.float64)
+    valid = np.ones(ids.shape, bool) if valid is None else np.asarray(valid, bool)
     gate, up, down = (np.asarray(a, np.float64) for a in (gate, up, down))
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
+            if not valid[t, j]:
+                continue
             e = ids[t, j]
             g = gate[e] @ x[t]
             h = g / (1.0 + np.exp(-g)) * (up[e] @ x[t])

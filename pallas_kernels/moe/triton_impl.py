@@ -112,13 +112,15 @@ def down(h, row_slot, slot_weight, block_expert, experts, dm: Dims, cfg, out=Non
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def moe_experts_triton(x, topk_ids, topk_weights, experts, *, cfg: tuning.MoEConfig | None = None):
-    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts -> [T, d] x.dtype (GPU only)."""
-    dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
+def moe_experts_triton(x, topk_ids, topk_weights, experts, valid=None, *,
+                       cfg: tuning.MoEConfig | None = None):
+    """x [T, d], topk_ids [T, k], topk_weights [T, k], experts, valid [T, k] bool or None -> [T, d]
+    x.dtype (GPU only)."""
+    dm = check_moe_inputs(x, topk_ids, topk_weights, experts, valid)
     if why := supports(x, topk_ids, topk_weights, experts):
         raise ValueError(f"experts: {why}")
     return slot_experts(x, topk_ids, topk_weights, experts, dm, cfg or tuning.config(x.shape[0]),
-                        gate_up, down)
+                        gate_up, down, valid)
 
 
 def have_jax_triton() -> bool:
@@ -126,7 +128,7 @@ def have_jax_triton() -> bool:
     return importlib.util.find_spec("jax_triton") is not None
 
 
-def supports(x, topk_ids, topk_weights, experts) -> str | None:
+def supports(x, topk_ids, topk_weights, experts, valid=None) -> str | None:
     """Why the registered "triton" implementation cannot take this call, or None."""
     if not have_jax_triton():
         return "jax-triton is not installed (pip install jax-triton)"
@@ -137,4 +139,5 @@ def supports(x, topk_ids, topk_weights, experts) -> str | None:
 
 
 registry.register("moe_experts", "triton", supports=supports)(
-    lambda x, topk_ids, topk_weights, experts: moe_experts_triton(x, topk_ids, topk_weights, experts))
+    lambda x, topk_ids, topk_weights, experts, valid=None: moe_experts_triton(
+        x, topk_ids, topk_weights, experts, valid))

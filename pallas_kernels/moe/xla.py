@@ -2,7 +2,8 @@
 
 Slots are aligned by expert (align.py) and a scan walks the row blocks: each block gathers its
 tokens, dequantises its one expert, runs gate/up -> SiLU(gate)*up -> down, and scales by the routing
-weight. Per-slot results [R, d] are then summed per token in float32. Nothing of size
+weight; blocks of expert -1 (unused, or only dropped slots') are skipped. Per-slot results [R, d]
+are then summed per token in float32, a dropped slot adding 0. Nothing of size
 [T, E, ...] is ever built; each step holds one expert's weights.
 """
 
@@ -35,19 +36,22 @@ def expert_weights(experts, e, dtype):
 
 
 def combine(y_rows, slot_row, num_tokens: int, top_k: int, dtype):
-    """Per-row results y_rows [R, d] -> per-token sums over the top-k slots, [T, d] in `dtype`."""
-    y = y_rows[slot_row].astype(jnp.float32).reshape(num_tokens, top_k, -1)
+    """Per-row results y_rows [R, d] -> per-token sums over the top-k slots, [T, d] in `dtype`
+    (slot_row R, a dropped slot: 0)."""
+    y = y_rows.at[slot_row].get(mode="fill", fill_value=0).astype(jnp.float32)
+    y = y.reshape(num_tokens, top_k, -1)
     return y.sum(axis=1).astype(dtype)
 
 
 @registry.register("moe_experts", "xla")
 @jax.jit
-def moe_experts_xla(x, topk_ids, topk_weights, experts):
-    """x [T, d], topk_ids [T, k] int, topk_weights [T, k] float, experts dict -> [T, d] x.dtype."""
-    dm = check_moe_inputs(x, topk_ids, topk_weights, experts)
+def moe_experts_xla(x, topk_ids, topk_weights, experts, valid=None):
+    """x [T, d], topk_ids [T, k] int, topk_weights [T, k] float, experts dict, valid [T, k] bool or
+    None -> [T, d] x.dtype."""
+    dm = check_moe_inputs(x, topk_ids, topk_weights, experts, valid)
     t, k = topk_ids.shape
     bm = _block_m(t * k, dm.num_experts)
-    r = align_routing(topk_ids, dm.num_experts, bm)
+    r = align_routing(topk_ids, dm.num_experts, bm, valid)
     row_token = jnp.minimum(r.row_slot // k, t - 1).reshape(-1, bm)
     w_slot = jnp.concatenate([topk_weights.reshape(-1).astype(jnp.float32), jnp.zeros((1,))])
     row_weight = w_slot[r.row_slot].reshape(-1, bm)

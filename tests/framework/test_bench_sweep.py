@@ -5,10 +5,11 @@ import dataclasses
 import os
 
 import jax
+import numpy as np
 import pytest
 
 from ddtree_jax import engine
-from ddtree_jax.bench import parity, sweep, sweep_io
+from ddtree_jax.bench import auto_budget, parity, sweep, sweep_io
 from tests.sweep_testing import load_config, overrides
 
 
@@ -28,6 +29,51 @@ def test_auto_point_uses_the_groups_step_times(tmp_path):
     assert rec["curve_budgets"] == [2, 4] and rec["curve_seconds"] == [2e-3, 2.5e-3]
     assert 1 <= rec["budget"] <= 4 and rec["expected_tau"] >= 1 and rec["speedup"] > 0
     assert rec["key"] == sweep_io.point_key(points[3])
+
+
+def test_shared_points_against_their_uniform_splits(tmp_path):
+    """shared_budgets N: a ddtree-shared point per N (cap shared_cap), the uniform split N / streams
+    as a ddtree point where it divides (once, beside the budgets), and ddtree-shared-auto; other
+    points keep their keys (no shared_budget field). A shared point records its verified-node
+    accounting: no step above N nodes or a stream above the cap, the totals consistent with tau;
+    the auto point takes its curve from the shared points' step times (or measures one over the
+    shared totals)."""
+    cfg = load_config("sweep_default")
+    cfg.update(overrides(str(tmp_path), "", methods=("ar", "ddtree", "ddtree-shared", "ddtree-shared-auto"),
+                          budgets=(2,), streams=(2,), shared_budgets=(3, 4), shared_cap=3, max_new_tokens=4))
+    target, drafter, prompts, pair = sweep.load_pair(cfg)
+    points = sweep.grid(cfg, pair)
+    assert [(p["method"], p["budget"], p.get("shared_budget")) for p in points] == [
+        ("ar", None, None), ("ddtree", 2, None), ("ddtree-shared", 3, 3), ("ddtree-shared", 3, 4),
+        ("ddtree-shared-auto", 3, None)]
+    assert all("shared_budget" not in p for p in points if p["method"] in ("ar", "ddtree"))
+    log = sweep_io.ResultsLog(str(tmp_path / "r.jsonl"))
+    for p in points[:4]:
+        log.append(sweep.run_point(target, drafter, prompts, p, log, cfg))
+    for p in points[1:4]:
+        rec = log.records[sweep_io.point_key(p)]
+        n, cap = p.get("shared_budget") or 2 * p["budget"], p["budget"]
+        steps = [col for batch in rec["tree_nodes"] for col in sweep_io._steps(batch)]
+        assert len(steps) == rec["steps"] and all(sum(c) <= n and max(c) <= cap for c in steps)
+        verified = sum(len(c) + sum(c) for c in steps)
+        assert rec["tokens_per_verified"] == pytest.approx(rec["tokens_per_step"] * rec["steps"] / verified)
+        full = [sum(c) for batch in rec["acceptance_lengths"] for c in sweep_io._steps(batch)
+                if len(c) == len(batch)]
+        assert rec["tokens_per_full_step"] == pytest.approx(np.mean(full))
+        assert rec["greedy_ties"] == 0 and len(rec["tau_per_stream"][0]) == 2
+    for p, step in zip(points[2:4], (2e-3, 3e-3)):      # the auto point's curve comes from these
+        key = sweep_io.point_key(p)
+        log.records[key] = dict(log.records[key], stage_times={"step": step})
+    auto = sweep.run_point(target, drafter, prompts, points[4], log, cfg)
+    assert auto["curve_budgets"] == [3, 4] and auto["curve_seconds"] == [2e-3, 3e-3]
+    measured = auto_budget.measure_step_times(target, drafter, prompts[:2], (4, 2), shared_cap=3,
+                                              max_new_tokens=4, reps=1)
+    assert measured.budgets == (2, 4) and min(measured.seconds) > 0
+    assert all(sum(c) <= 4 for batch in auto["tree_nodes"] for c in sweep_io._steps(batch))
+    table = sweep_io.summary_table(list(log.records.values()) + [auto])
+    assert "| ddtree-shared | 4/3 |" in table and "| ddtree-shared-auto | auto/3 |" in table
+    sweep_io.plot_shared(list(log.records.values()) + [auto], str(tmp_path / "s.png"), 0.0)
+    assert (tmp_path / "s.png").stat().st_size > 1000
 
 
 def test_ar_baseline_runs_at_its_own_steps_per_call(tmp_path):
@@ -140,12 +186,17 @@ def test_a_point_that_is_not_lossless_is_refused(tmp_path, monkeypatch):
     ("streams", (0,), r"config.streams must be a non-empty list of ints >= 1; got \(0,\)"),
     ("streams", (), "config.streams must be a non-empty list"),
     ("budgets", (4, "8"), "config.budgets must be a non-empty list of ints"),
+    ("shared_budgets", (), "config.shared_budgets must be a non-empty list of ints >= 1"),
+    ("shared_budgets", (0, 8), "config.shared_budgets must be a non-empty list of ints >= 1"),
+    ("shared_cap", 0, "config.shared_cap must be an int >= 1"),
     ("temperatures", (-0.5,), "config.temperatures must be a non-empty list of numbers >= 0"),
     ("max_new_tokens", 0, "config.max_new_tokens must be an int >= 1"),
     ("batches", 0, "config.batches must be an int >= 1"),
 ])
 def test_a_sweep_config_the_sweep_cannot_run_is_refused_by_field(field, value, words):
     cfg = load_config("sweep_default")
+    if field.startswith("shared"):
+        cfg.methods, cfg.shared_budgets = ("ar", "ddtree-shared"), (8,)
     cfg[field] = value
     with pytest.raises(ValueError, match=words):
         sweep.grid(cfg, "pair")

@@ -73,3 +73,51 @@ def test_best_budget_extremes():
 def test_step_time_curve_rejects_bad_input(budgets, seconds):
     with pytest.raises(ValueError):
         budget.StepTimeCurve(budgets, seconds)
+
+
+def _rates_gold(logits, cap, active, curve):
+    from ddtree_jax.reference import tree_ref
+    return tree_ref.shared_total_reference(tree_ref.log_softmax_reference(logits), cap, active,
+                                           curve.budgets, curve.seconds)
+
+
+def _shared_total(logits, cap, active, curve) -> int:
+    tree = dj.build_tree(jnp.asarray(logits), cap)
+    return int(budget.shared_total(tree.scores, tree.num_nodes, jnp.asarray(active), curve))
+
+
+@pytest.mark.parametrize("S, L, V, cap", [(4, 3, 6, 5), (3, 2, 2, 8), (6, 4, 16, 3)])
+def test_shared_total_matches_golden(S, L, V, cap):
+    """The per-step shared budget (the best expected rate over the ranked union) against the
+    float64 golden's enumeration: its golden rate is the best within float32 rounding (1e-5), and
+    it is the golden's N wherever the best rate beats every other by more than 1e-4. Curves that
+    rise, bend and stop below the available nodes; inactive streams; (3, 2, 2, 8): streams with
+    fewer prefixes than the cap."""
+    from tests.framework.test_shared_tree import separated_logits
+    from tests.kernel_testing import fresh_rng
+
+    rng = fresh_rng()
+    logits = separated_logits(rng, S, L, V, cap)
+    active = rng.random(S) < 0.7
+    active[0] = True
+    curves = [budget.StepTimeCurve((0, S * cap), (1.0, 1.0 + 0.1 * rng.random())),
+              budget.StepTimeCurve((1, 4, S * cap), (1.0, 1.05, 3.0)),
+              budget.StepTimeCurve((0, 2, 5), (0.5, 0.6, 2.0))]
+    for curve in curves:
+        n = _shared_total(logits, cap, active, curve)
+        best, rate = _rates_gold(logits, cap, active, curve)
+        assert 0 <= n < rate.size and rate[n] >= rate.max() * (1 - 1e-5), (curve, n, best, rate)
+        if np.all(np.delete(rate, best) < rate[best] * (1 - 1e-4)):
+            assert n == best, (curve, n, best, rate)
+
+
+def test_shared_total_extremes():
+    """A flat curve takes every node up to its largest total; a steep one none; a finished stream
+    adds neither nodes nor its bonus token."""
+    logits = np.random.default_rng(0).normal(0, 2, (3, 3, 8)).astype(np.float32)
+    active = np.array([True, False, True])
+    flat = budget.StepTimeCurve((0, 4), (1.0, 1.0))
+    assert _shared_total(logits, 5, active, flat) == 4
+    assert _shared_total(logits, 5, active, budget.StepTimeCurve((0, 100), (1.0, 1.0))) == 10
+    assert _shared_total(logits, 5, active, budget.StepTimeCurve((0, 1), (1e-3, 1.0))) == 0
+    assert _shared_total(logits, 5, np.zeros(3, bool), flat) == 0

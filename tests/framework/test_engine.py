@@ -11,11 +11,11 @@ import pytest
 from scipy import stats
 
 import ddtree_jax as dj
-from ddtree_jax import engine
+from ddtree_jax import budget, engine
 from ddtree_jax.engine import generation
 from ddtree_jax.config import ConfigError
 from pallas_kernels import registry
-from tests.kernel_testing import assert_close
+from tests.kernel_testing import assert_close, fresh_rng
 
 
 def _pair(vocab, block, seed=0):
@@ -69,6 +69,55 @@ def test_greedy_speculative_equals_ar(pair32, prompts, greedy_ar, method, budget
     if reps:
         assert set(out.stage_times) == {"draft", "tree", "verify", "accept", "step"}
         assert all(t > 0 for t in out.stage_times.values())
+
+
+@pytest.mark.parametrize("total", [10, 60, 150, "curve"])
+def test_greedy_shared_budget_equals_ar(pair32, prompts, greedy_ar, total):
+    """One budget over the 24 streams, at most 6 nodes each: fewer nodes than streams (10: most
+    streams verify none), a share (60), everything (150 >= 24 x 6), and a total chosen per step
+    from a step-time curve. Tokens equal ar's; with a fixed total every step verifies exactly
+    min(total, 6 x its unfinished streams) nodes (each stream has 6 prefixes at vocabulary 32, so a
+    finished stream that took any would leave fewer); with the curve, at most its largest total."""
+    target, drafter = pair32
+    max_new, stop, ar = greedy_ar
+    shared = budget.StepTimeCurve((4, 48), (1.0, 1.5)) if total == "curve" else total
+    out = engine.generate(target, drafter, prompts, method="ddtree", budget=6, shared_budget=shared,
+                          max_new_tokens=max_new, stop_tokens=(stop,), stage_reps=0)
+    assert out.tokens == ar.tokens
+    assert [len(n) for n in out.tree_nodes] == [len(a) for a in out.acceptance_lengths]
+    for i in range(out.steps):
+        nodes = [n[i] for n in out.tree_nodes if i < len(n)]
+        assert max(nodes) <= 6
+        if total == "curve":
+            assert sum(nodes) <= 48
+        else:
+            assert sum(nodes) == min(total, 6 * len(nodes)), (i, nodes)
+
+
+def test_shared_tree_stage_leaves_finished_streams_out(pair32):
+    """stage_tree with a shared budget: the inactive streams get no node and the active ones share
+    the total as the golden's shared search over them alone; with a step-time curve, the total has
+    the golden's best rate."""
+    from ddtree_jax.reference import tree_ref
+    from tests.framework.test_shared_tree import separated_logits
+    from tests.framework.test_tree import assert_tree_equal
+
+    target, drafter = pair32
+    active = np.array([True, False, True, True, False])
+    logits = separated_logits(fresh_rng(), 5, drafter[0].block_size - 1, 32, 6)
+    curve = budget.StepTimeCurve((2, 9, 16), (1.0, 1.2, 2.5))
+    for total in (4, 13, curve):
+        plan = engine.setup(target, drafter, [[1]] * 5, method="ddtree", budget=6,
+                            shared_budget=total).plan
+        tree = jax.jit(engine.stage_tree, static_argnames="plan")(jnp.asarray(logits), jnp.asarray(active),
+                                                                 plan=plan)
+        if total is curve:    # the chosen total's rate is the golden's best (float32 near-ties aside)
+            logp = tree_ref.log_softmax_reference(logits)
+            _, rate = tree_ref.shared_total_reference(logp, 6, active, curve.budgets, curve.seconds)
+            total = int(np.asarray(tree.num_nodes).sum())
+            assert rate[total] >= rate.max() * (1 - 1e-5)
+        assert_tree_equal(tree, tree_ref.build_shared_tree_reference(logits, total, 6, active))
+        assert not np.asarray(tree.num_nodes)[~active].any()
 
 
 def test_timed_decodes_that_disagree_are_refused(pair32, prompts, monkeypatch):
@@ -225,16 +274,21 @@ def test_decode_loop_choice(pair32):
         engine.generate(target, drafter, [[1]], method="ar", decode_loop="gpu")
 
 
-@pytest.mark.parametrize("method, streams, steps_per_call", [("ddtree", 5, 1), ("ar", 7, 3)])
+@pytest.mark.parametrize("method, streams, steps_per_call, shared", [
+    ("ddtree", 5, 1, None), ("ar", 7, 3, None), ("ddtree", 5, 2, 8)])
 def test_serve_refills_slots_and_equals_generate(pair32, prompts, greedy_ar, method, streams,
-                                                 steps_per_call):
+                                                 steps_per_call, shared):
     """24 requests through fewer slots (each refilled with the next request as soon as the host
     sees it done, some stopping early, some admitted mid-call): every request's greedy output equals
-    the static batch's, and its acceptance lengths account for its tokens."""
+    the static batch's, and its acceptance lengths account for its tokens. With a shared budget
+    of 8 over the 5 slots, no request's step verifies more than 6 nodes."""
     target, drafter = pair32
     max_new, stop, ar = greedy_ar
     out = dj.serve(target, drafter, prompts, streams=streams, method=method, budget=6,
-                   max_new_tokens=max_new, stop_tokens=(stop,), steps_per_call=steps_per_call)
+                   shared_budget=shared, max_new_tokens=max_new, stop_tokens=(stop,),
+                   steps_per_call=steps_per_call)
+    assert [len(n) for n in out.tree_nodes] == [len(a) for a in out.acceptance_lengths]
+    assert all(0 <= n <= (6 if method == "ddtree" else 0) for row in out.tree_nodes for n in row)
     assert len(out.tokens) == len(prompts)
     for r, (got, want) in enumerate(zip(out.tokens, ar.tokens)):
         assert got == want, f"request {r}: {got} != {want}"
@@ -269,12 +323,15 @@ def test_serve_more_slots_than_requests_and_bad_input(pair32, prompts, greedy_ar
         dj.serve(target, drafter, prompts[:3], streams=2, method="ar", steps_per_call=0)
 
 
-def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts):
+@pytest.mark.parametrize("shared", [None, 5])
+def test_compaction_keeps_caches_equal_to_a_fresh_prefill(pair32, prompts, shared):
     """After several ddtree steps, each stream's committed latent cache and drafter context equal
-    those of running its committed tokens through the target (and drafter) from scratch."""
+    those of running its committed tokens through the target (and drafter) from scratch; also
+    with 5 nodes shared by the 4 streams (trees of 0 to 5 real nodes among 8 slots)."""
     target, drafter = pair32
     (cfg, tp), (dcfg, dp) = target, drafter
-    su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=8, max_new_tokens=12)
+    su = engine.setup(target, drafter, prompts[:4], method="ddtree", budget=8, shared_budget=shared,
+                      max_new_tokens=12)
     state = engine.prefill(target, drafter, su)
     for _ in range(3):
         state, _ = engine.decode_steps(tp, dp, state, su.plan)
@@ -314,18 +371,19 @@ def _exact_joint(target, prompt, vocab, n_tok, sampling):
     return joint
 
 
-@pytest.mark.parametrize("method, budget, top_k, top_p", [
-    ("ddtree", 5, 0, 1.0), ("ddtree", 4, 5, 0.85)])
-def test_temperature_one_is_lossless(method, budget, top_k, top_p):
-    """The first three emitted tokens of 6000 streams follow the target's exact distribution."""
+@pytest.mark.parametrize("method, budget, top_k, top_p, shared", [
+    ("ddtree", 5, 0, 1.0, None), ("ddtree", 4, 5, 0.85, None), ("ddtree", 5, 0, 1.0, 4000)])
+def test_temperature_one_is_lossless(method, budget, top_k, top_p, shared):
+    """The first three emitted tokens of 6000 streams follow the target's exact distribution; also
+    with 4000 nodes shared by the 6000 streams (at most 5 each: many streams verify none)."""
     vocab, n_tok, streams = 6, 3, 6000
     target, drafter = _pair(vocab, block=4, seed=3)
     prompt = [1, 4, 2, 0, 5]
     from ddtree_jax.sampling import Sampling
     exact = _exact_joint(target, prompt, vocab, n_tok, Sampling(1.0, top_k, top_p))
     out = engine.generate(target, drafter, [prompt] * streams, method=method, budget=budget,
-                          max_new_tokens=n_tok, temperature=1.0, top_k=top_k, top_p=top_p, seed=7,
-                          stage_reps=0)
+                          shared_budget=shared, max_new_tokens=n_tok, temperature=1.0, top_k=top_k,
+                          top_p=top_p, seed=7, stage_reps=0)
     seqs = np.array([t[:n_tok] for t in out.tokens])
     idx = np.ravel_multi_index(seqs.T, (vocab,) * n_tok)
     counts = np.bincount(idx, minlength=vocab ** n_tok)
@@ -342,6 +400,8 @@ def test_temperature_one_is_lossless(method, budget, top_k, top_p):
     assert p > 1e-3, f"chi-square p = {p:.2e}: emitted tokens do not follow the target"
     if method == "ddtree":
         assert out.tau > 1.0
+    if shared:
+        assert sum(n[0] for n in out.tree_nodes) == shared
 
 
 def test_bad_input(pair32):
@@ -389,12 +449,18 @@ def test_bad_input(pair32):
     ({"prompts": [[1, 2], [[1, 2]]]}, r"prompts\[1\] must be a list of token ids"),
     ({"stop_tokens": 2.0}, r"stop_tokens must hold integers, got dtype float64"),
     ({"stop_tokens": [[1], [2]]}, r"stop_tokens must be one token id or a list of them"),
+    ({"shared_budget": -1}, r"shared_budget must be None, an int >= 0 or a budget.StepTimeCurve, got -1"),
+    ({"shared_budget": 2.5}, r"shared_budget must be None, an int >= 0 or a budget.StepTimeCurve"),
+    ({"shared_budget": True}, r"shared_budget must be None, an int >= 0 or a budget.StepTimeCurve, got True"),
+    ({"shared_budget": "8"}, r"shared_budget must be None, an int >= 0 or a budget.StepTimeCurve"),
+    ({"shared_budget": 8, "method": "dflash"}, r"shared_budget is a total of tree nodes: it needs method 'ddtree'"),
 ])
 def test_setup_rejects_bad_arguments(pair32, kw, match):
     target, drafter = pair32
     kw = {"prompts": [[1, 2], [3]], **kw}
+    kw = {"method": "ddtree", **kw}
     with pytest.raises(ValueError, match=match):
-        engine.setup(target, drafter, kw.pop("prompts"), method="ddtree", **kw)
+        engine.setup(target, drafter, kw.pop("prompts"), **kw)
 
 
 def test_generate_and_serve_share_the_argument_checks(pair32):
@@ -407,6 +473,8 @@ def test_generate_and_serve_share_the_argument_checks(pair32):
             run(target, drafter, [[1]], method="ddtree", budget=True)
         with pytest.raises(ValueError, match="steps_per_call must be an int >= 1, got True"):
             run(target, drafter, [[1]], method="ar", steps_per_call=True)
+        with pytest.raises(ValueError, match="shared_budget is a total of tree nodes"):
+            run(target, drafter, [[1]], method="ar", shared_budget=4)
     with pytest.raises(ValueError, match="decode_loop must be one of"):
         engine.generate(target, drafter, [[1]], method="ar", decode_loop="gpu")
     with pytest.raises(ValueError, match="max_lag must be an int >= 1, got 1.5"):
@@ -480,7 +548,7 @@ def _fake_decode(per_step, max_new, max_calls, steps_per_call=1, max_lag=2, read
 
     s = len(max_new)
     state = engine.EngineState(tcache=None, dcache=None, pending=None, out_tokens=None,
-                               out_len=jnp.ones((s,), jnp.int32), accept=None,
+                               out_len=jnp.ones((s,), jnp.int32), accept=None, nodes=None,
                                done=jnp.asarray(np.asarray(max_new) <= 1),
                                max_new=jnp.asarray(max_new, jnp.int32),
                                step=jnp.zeros((), jnp.int32), key=None)

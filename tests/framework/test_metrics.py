@@ -69,6 +69,9 @@ def test_random_against_loops():
             nodes = int(rng.integers(1, 70))
             assert metrics.accepted_per_verified(lengths, nodes) == pytest.approx(
                 sum(flat) / (len(flat) * nodes), rel=RTOL)
+            per_step = [rng.integers(1, 70, len(row)).tolist() for row in lengths]   # shared budgets
+            assert metrics.accepted_per_verified(lengths, per_step) == pytest.approx(
+                sum(flat) / sum(v for row in per_step for v in row), rel=RTOL)
         values = rng.exponential(size=int(rng.integers(1, 50)))
         got = metrics.percentiles(values, (50, 90, 99, 12.5))
         for q in (50, 90, 99, 12.5):
@@ -83,8 +86,10 @@ def test_random_against_loops():
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match=r"acceptance_lengths must lie in \[1, 3\], got \[4, 0\]"):
         metrics.acceptance_histogram([[1, 4], [0]], 3)
-    with pytest.raises(ValueError, match="nodes_per_step must be >= 1"):
+    with pytest.raises(ValueError, match="verified must be >= 1"):
         metrics.accepted_per_verified([[1]], 0)
+    with pytest.raises(ValueError, match="one count per"):
+        metrics.accepted_per_verified([[1, 2]], [[3]])
     with pytest.raises(ValueError, match="one entry per stream"):
         metrics.time_per_output_token([0.1], [0.2, 0.3], [2, 2])
     assert metrics.mean_accept_length([]) == 0.0 and math.isnan(metrics.percentiles([])["p99"])

@@ -168,6 +168,32 @@ def test_ragged_streams_stay_independent(tiny):
         assert_close(step.logits[s, 0], alone[0, n], 1e-5, f"stream {s} decode")
 
 
+def test_num_new_keeps_padding_out_of_the_routed_experts(tiny):
+    """forward's num_new reaches the routed experts: without a shared expert every MoE layer's
+    output is exactly 0 at the tokens past a stream's num_new, and the other tokens' logits equal
+    those of the forward without num_new bitwise (causal: no valid token sees a padding one)."""
+    from ddtree_jax import model
+    cfg = tiny.replace(n_shared_experts=0)
+    params = dj.init_target(cfg, jax.random.key(4))
+    tokens = jnp.asarray(_tokens(cfg, (3, 6), seed=5))
+    pos = jnp.broadcast_to(jnp.arange(6), (3, 6))
+    vis = jnp.broadcast_to(jnp.tril(jnp.ones((6, 6), bool)), (3, 6, 6))
+    num_new = jnp.asarray([6, 2, 0], jnp.int32)
+    cache = dj.init_cache(cfg, 3, 8)
+    apply = jax.jit(lambda p, n: model.Decoder(cfg, jnp.float32, dj.Kernels(moe="xla")).apply(
+        {"params": p}, tokens, pos, cache.kv, cache.lengths, vis, n, (), "absorbed",
+        capture_intermediates=lambda mdl, _: isinstance(mdl, model.MoE), mutable=["intermediates"]))
+    (logits, _, _), state = apply(params, num_new)
+    valid = np.arange(6)[None, :] < np.asarray(num_new)[:, None]
+    moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
+    assert moe_layers
+    for i in moe_layers:
+        out = np.asarray(state["intermediates"][f"layers_{i}"]["mlp"]["__call__"][0])
+        assert np.all(out[~valid] == 0) and np.all(np.any(out[valid] != 0, axis=-1)), f"layer {i}"
+    full = dj.forward(params, cfg, tokens, pos, cache, moe_impl="xla").logits
+    np.testing.assert_array_equal(np.asarray(logits)[valid], np.asarray(full)[valid])
+
+
 def test_bad_input_errors(tiny):
     cfg = tiny
     params = dj.init_target(cfg, jax.random.key(1))

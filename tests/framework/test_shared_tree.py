@@ -43,13 +43,36 @@ def _draw(rng, S, L, V, cap, make):
     raise AssertionError(f"no separated draw for shape {(S, L, V)}, cap {cap}")
 
 
+def separated_logits(rng, S, L, V, cap) -> np.ndarray:
+    """Normal float32 logits [S, L, V] (std 3) whose prefixes float32 cannot reorder (`_separated`)."""
+    return _draw(rng, S, L, V, cap, lambda r: 3 * r.normal(size=(S, L, V)))
+
+
 @pytest.mark.parametrize("S,L,V,cap", SHAPES)
 def test_matches_shared_heap_golden(S, L, V, cap):
-    rng = fresh_rng()
-    x = _draw(rng, S, L, V, cap, lambda r: 3 * r.normal(size=(S, L, V)))
+    x = separated_logits(fresh_rng(), S, L, V, cap)
     for total in _totals(S, cap):
         assert_tree_equal(T.build_shared_tree(jnp.asarray(x), total, cap),
                           R.build_shared_tree_reference(x, total, cap))
+
+
+@pytest.mark.parametrize("S,L,V,cap", SHAPES[:4])
+def test_inactive_streams_take_nothing(S, L, V, cap):
+    """active [S]: the inactive streams get empty trees and the active ones share the total as the
+    golden's search over them alone; share_budget cuts a built tree the same way, with the total
+    a traced scalar under jit (one compilation for every total)."""
+    rng = fresh_rng()
+    x = separated_logits(rng, S, L, V, cap)
+    active = rng.random(S) < 0.6
+    active[0] = not active[-1] if S > 1 else True
+    full = T.build_tree(jnp.asarray(x), cap)
+    share = jax.jit(lambda t, n, a: T.share_budget(t, n, active=a))
+    for total in _totals(S, cap):
+        gold = R.build_shared_tree_reference(x, total, cap, active)
+        got = T.build_shared_tree(jnp.asarray(x), total, cap, active=jnp.asarray(active))
+        assert_tree_equal(got, gold)
+        assert not np.asarray(got.num_nodes)[~active].any()
+        assert_tree_equal(share(full, jnp.int32(total), jnp.asarray(active)), gold)
 
 
 @pytest.mark.parametrize("S,L,V,cap", SHAPES)
@@ -173,6 +196,17 @@ def test_invariants(data, shape, seed, ties):
 def test_bad_total(total):
     with pytest.raises(ValueError, match="total must be an int >= 0"):
         T.build_shared_tree(jnp.zeros((2, 2, 4)), total, 3)
+
+
+def test_bad_active_and_tree():
+    x = jnp.zeros((2, 2, 4))
+    for bad in (jnp.ones((3,), bool), jnp.ones((2,), jnp.int32), [True, False]):
+        with pytest.raises(ValueError, match=r"active must be bool \[S=2\]"):
+            T.build_shared_tree(x, 3, 2, active=bad)
+    with pytest.raises(ValueError, match="tree must be a Tree"):
+        T.share_budget({"tokens": x}, 3)
+    with pytest.raises(ValueError, match="total must be an int >= 0"):
+        T.share_budget(T.build_tree(x, 2), -1)
 
 
 @pytest.mark.parametrize("cap", [0, -2, 1.0, False, None])

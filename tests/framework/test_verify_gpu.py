@@ -82,7 +82,7 @@ def test_every_stage_of_a_greedy_step_on_the_gpu(budget, prompt):
             emitted = np.asarray(state.out_tokens[0, :int(state.out_len[0])]).tolist()
             if bool(state.done[0]):
                 break
-            tree = build(draft(tparams, dparams, state, plan=plan), plan=plan)
+            tree = build(draft(tparams, dparams, state, plan=plan), ~state.done, plan=plan)
             logits, cache, taps, tokens = verify(tparams, state, tree, plan=plan)
             assert not _tree_errors(tree, tokens), (step, _tree_errors(tree, tokens))
             # every node's logits against a clean causal forward of its whole path

@@ -86,6 +86,28 @@ def _check_case(case, call, what: str) -> None:
 
 
 @pytest.mark.parametrize("impl", runnable_impls("moe_experts"))
+@pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=["int4-bf16", "int4-f32"])
+def test_dropped_slots_add_nothing(impl, case):
+    """valid [T, k] drops slots: a token with every slot dropped gets exactly 0, a token with every
+    slot kept equals the call without `valid` bitwise, and every token matches the golden summed
+    over its kept slots (TOL)."""
+    t, k, e, d, i, kind, is_int4, dtype = case
+    rng = fresh_rng()
+    experts, (g, u, dn) = _int4_experts(rng, e, d, i)
+    ids, w = _routing(rng, kind, t, k, e)
+    valid = rng.random((t, k)) < 0.5
+    valid[0], valid[1], valid[2] = True, False, [True] + [False] * (k - 1)
+    x = jnp.asarray(rng.standard_normal((t, d)), dtype)
+    args = (x, jnp.asarray(ids), jnp.asarray(w), experts)
+    out = np.asarray(moe.moe_experts(*args, jnp.asarray(valid), impl=impl))
+    full = np.asarray(moe.moe_experts(*args, impl=impl))
+    assert np.all(out[~valid.any(1)] == 0)
+    np.testing.assert_array_equal(out[valid.all(1)], full[valid.all(1)])
+    ref = moe_experts_reference(np.asarray(x.astype(jnp.float32)), ids, w, g, u, dn, valid)
+    assert_close(out, ref, TOL[dtype], f"{impl} dropped slots")
+
+
+@pytest.mark.parametrize("impl", runnable_impls("moe_experts"))
 @pytest.mark.parametrize("dtype, w_std", [(jnp.bfloat16, 0.05), (jnp.float16, 0.05), (jnp.bfloat16, 0.01)],
                          ids=["bf16-w0.05", "f16-w0.05", "bf16-w0.01"])
 def test_f16_scales_match_golden(impl, dtype, w_std):
@@ -284,6 +306,36 @@ def test_align_routing_count_equals_sort(monkeypatch, t, k, e, bm):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("count", [True, False], ids=["counted", "sorted"])
+def test_align_routing_drops_invalid_slots(monkeypatch, count):
+    """Dropped slots take no row and no block: the real rows are exactly the kept slots, a dropped
+    slot's row is R, and the used blocks number sum over experts of ceil(kept slots / bm); the
+    counted and the sorted place-in-run agree. All slots dropped: no block is used."""
+    from pallas_kernels.moe import align
+
+    t, k, e, bm = 37, 4, 6, 8
+    rng = fresh_rng()
+    ids = rng.integers(0, e, (t, k)).astype(np.int32)
+    valid = rng.random((t, k)) < 0.4
+    valid[3] = False
+    if not count:
+        monkeypatch.setattr(align, "COUNT_MAX_SLOTS", 0)
+    n, flat, kept = t * k, ids.reshape(-1), valid.reshape(-1)
+    row_slot, block_expert, slot_row = (np.asarray(a) for a in align.align_routing(
+        jnp.asarray(ids), e, bm, jnp.asarray(valid)))
+    assert np.array_equal(np.sort(row_slot[row_slot < n]), np.flatnonzero(kept))
+    assert np.all(slot_row[~kept] == row_slot.size)
+    np.testing.assert_array_equal(row_slot[slot_row[kept]], np.flatnonzero(kept))
+    used = block_expert >= 0
+    assert np.array_equal(np.flatnonzero(used), np.arange(used.sum()))
+    assert used.sum() == np.sum(-(-np.bincount(flat[kept], minlength=e) // bm))
+    for b in np.flatnonzero(used):
+        rows = row_slot[b * bm:(b + 1) * bm]
+        assert np.all(flat[rows[rows < n]] == block_expert[b])
+    none = align.align_routing(jnp.asarray(ids), e, bm, jnp.zeros((t, k), bool))
+    assert np.all(np.asarray(none.block_expert) == -1) and np.all(np.asarray(none.row_slot) == n)
+
+
 def test_bad_inputs_raise():
     rng = fresh_rng()
     experts, _ = _int4_experts(rng, 4, 64, 32)
@@ -304,16 +356,20 @@ def test_bad_inputs_raise():
         moe.prepare_experts_bf16(jnp.zeros((2, 8, 16)), jnp.zeros((2, 8, 16)), jnp.zeros((2, 8, 16)))
     with pytest.raises(ValueError, match="moe_experts"):
         moe.moe_experts(x, ids, w, experts, impl="nope")
+    for bad in (jnp.ones((3, 1), bool), jnp.ones((3, 2), jnp.int32), np.ones((3, 2))):
+        with pytest.raises(ValueError, match=r"valid: expected a bool array of topk_ids' shape \(3, 2\)"):
+            moe.moe_experts(x, ids, w, experts, bad, impl="xla")
     for bad in (4, -1):     # an expert id outside [0, E): named, not dropped or clamped
         with pytest.raises(ValueError, match=r"topk_ids: expert ids must lie in \[0, E=4\)"):
             moe.moe_experts(x, ids.at[1, 0].set(bad), w, experts, impl="xla")
 
 
-def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None, kernels=None):
+def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None, kernels=None, drop=0.0):
     """gate_up and down of `kernels` (pallas_triton, or triton_impl) under `cfg` into NaN-poisoned
     slot-layout buffers (the split_k partial buffers too): every slot written and equal to the
     golden intermediates. bf16 activations, INT4 experts; `kind` routing of t tokens, top-k, e
-    experts (routing: (ids [t, k], weights) given instead)."""
+    experts (routing: (ids [t, k], weights) given instead). drop > 0: about that share of the
+    slots (and the whole first token) dropped from the alignment, whose rows must stay unwritten."""
     from pallas_kernels.moe import pallas_triton
     from pallas_kernels.moe.align import align_routing
 
@@ -322,9 +378,12 @@ def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None, kernels=No
     rng = fresh_rng()
     experts, (g, u, dn) = _int4_experts(rng, e, d, i)
     ids, w = routing or _routing(rng, kind, t, k, e)
+    valid = rng.random(ids.shape) >= drop
+    if drop:
+        valid[0] = False
     x = jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16)
     dm = moe.dims(experts)
-    r = align_routing(jnp.asarray(ids), e, cfg.bm)
+    r = align_routing(jnp.asarray(ids), e, cfg.bm, jnp.asarray(valid) if drop else None)
     n = t * k
     lead = (cfg.split_k,) if cfg.split_k > 1 else ()
     nan = lambda cols, dt: jnp.full((*lead, n, cols), jnp.nan, dt if not lead else jnp.float32)  # noqa: E731
@@ -332,35 +391,41 @@ def _check_kernel_rows(cfg, e, d, i, t, k, kind, label, routing=None, kernels=No
                    out=(nan(i, jnp.bfloat16),) * 2 if lead else nan(i, jnp.bfloat16))
     y = pt.down(h, r.row_slot, jnp.asarray(w.reshape(-1)), r.block_expert, experts, dm, cfg,
                 out=nan(d, jnp.float32))
-    row_slot = np.asarray(r.row_slot)
-    assert np.array_equal(np.sort(row_slot[row_slot < n]), np.arange(n))
+    row_slot, real = np.asarray(r.row_slot), valid.reshape(-1)
+    assert np.array_equal(np.sort(row_slot[row_slot < n]), np.flatnonzero(real))
     h, y = np.asarray(h, np.float64), np.asarray(y, np.float64)
     assert h.shape == (n, i) and y.shape == (n, d)
-    assert np.all(np.isfinite(h)) and np.all(np.isfinite(y))
+    assert np.all(np.isfinite(h[real])) and np.all(np.isfinite(y[real]))
+    assert np.all(np.isnan(h[~real])) and np.all(np.isnan(y[~real])), "a dropped slot was written"
     xf = np.asarray(x.astype(jnp.float32), np.float64)
-    flat = ids.reshape(-1)
-    gx = np.einsum("sid,sd->si", g[flat], xf[np.arange(n) // k])
-    ux = np.einsum("sid,sd->si", u[flat], xf[np.arange(n) // k])
-    assert_close(h, gx / (1 + np.exp(-gx)) * ux, TOL[jnp.bfloat16], f"{label} gate_up slots")
-    y_ref = w.reshape(-1, 1) * np.einsum("sdi,si->sd", dn[flat], h)
-    assert_close(y, y_ref, 1e-5 if not cfg.scale_weights else TOL[jnp.bfloat16], f"{label} down slots")
+    flat, slots = ids.reshape(-1)[real], np.flatnonzero(real)
+    gx = np.einsum("sid,sd->si", g[flat], xf[slots // k])
+    ux = np.einsum("sid,sd->si", u[flat], xf[slots // k])
+    assert_close(h[real], gx / (1 + np.exp(-gx)) * ux, TOL[jnp.bfloat16], f"{label} gate_up slots")
+    y_ref = w.reshape(-1, 1)[real] * np.einsum("sdi,si->sd", dn[flat], h[real])
+    assert_close(y[real], y_ref, 1e-5 if not cfg.scale_weights else TOL[jnp.bfloat16],
+                 f"{label} down slots")
 
 
-def test_pallas_kernels_write_every_used_row():
-    """The default kernel form, uneven routing (_check_kernel_rows)."""
+@pytest.mark.parametrize("drop", [0.0, 0.5], ids=["all", "dropped"])
+def test_pallas_kernels_write_every_used_row(drop):
+    """The default kernel form, uneven routing (_check_kernel_rows); with half the slots dropped,
+    only the kept slots' rows are written."""
     from pallas_kernels.moe.tuning import MoEConfig
 
-    _check_kernel_rows(MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits"), 5, 96, 64, 6, 2, "uneven", "default")
+    _check_kernel_rows(MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits"), 5, 96, 64, 6, 2, "uneven",
+                       "default", drop=drop)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="raw Triton (jax-triton) needs a GPU")
-@pytest.mark.parametrize("form", ["bits", "table", "min_bm", "table_large"])
+@pytest.mark.parametrize("form", ["bits", "table", "dropped", "min_bm", "table_large"])
 def test_triton_kernels_write_every_used_row(form):
     """The raw Triton kernels (triton_impl) in the Pallas kernels' slot layout (_check_kernel_rows):
     "bits", the integer dequantisation with the scale on each product; "table", the tuned form at
     T = 64 (PTX dequantisation, scale on the weights); uneven routing, K not a multiple of the
-    block. "min_bm" (bits, bm 64) and "table_large" (the table's bm 32, min_bm 16 entry): experts
+    block; "dropped": the tuned form with half the slots dropped, whose rows stay unwritten.
+    "min_bm" (bits, bm 64) and "table_large" (the table's bm 32, min_bm 16 entry): experts
     of 5, 16, 17, 33, 64 and 70 slots, so every row body runs (test_min_bm_runs_every_body)."""
     from pallas_kernels.moe import triton_impl
     from pallas_kernels.moe.tuning import MoEConfig
@@ -375,7 +440,8 @@ def test_triton_kernels_write_every_used_row(form):
                            routing=(ids, rng.random(ids.shape).astype(np.float32)), kernels=triton_impl)
         return
     cfg = MoEConfig(bm=16, bn_up=32, bn_down=32, dequant="bits") if form == "bits" else tuning.config(64)
-    _check_kernel_rows(cfg, 5, 288, 64, 6, 2, "uneven", f"triton {form}", kernels=triton_impl)
+    _check_kernel_rows(cfg, 5, 288, 64, 6, 2, "uneven", f"triton {form}", kernels=triton_impl,
+                       drop=0.5 if form == "dropped" else 0.0)
 
 
 

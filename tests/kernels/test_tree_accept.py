@@ -12,14 +12,16 @@ from pallas_kernels.tree_accept.reference import tree_accept_reference
 from tests.kernel_testing import fresh_rng, runnable_impls
 
 
-def _case(S, L, V, B, follow=0.8, Dk=20, W=24, layers=2):
-    """A DDTree tree of random draft logits; a posterior that picks one of each node's children's
-    tokens with probability `follow` (else a random token; stream 0's root always follows), so
-    walks of many lengths occur. The
-    caches hold the N verified nodes at slots start.. start + N - 1, as the verify step leaves them."""
+def _case(S, L, V, B, follow=0.8, Dk=20, W=24, layers=2, total=None):
+    """A DDTree tree of random draft logits (total: of a shared budget of `total` nodes over the
+    streams, at most B each); a posterior that picks one of each node's children's tokens with
+    probability `follow` (else a random token, or with `total` token 0, the padding nodes' token;
+    stream 0's root always follows), so walks of many lengths occur. The caches hold the N
+    verified nodes at slots start.. start + N - 1, as the verify step leaves them."""
     rng = fresh_rng()
-    t = trees.build_tree(jnp.asarray(rng.standard_normal((S, L, V)) * 2, jnp.float32), B,
-                         topk_impl="xla")
+    logits = jnp.asarray(rng.standard_normal((S, L, V)) * 2, jnp.float32)
+    t = (trees.build_tree(logits, B, topk_impl="xla") if total is None
+         else trees.build_shared_tree(logits, total, B, topk_impl="xla"))
     tokens = np.concatenate([rng.integers(0, V, (S, 1)), np.asarray(t.tokens)], 1).astype(np.int32)
     par, n = np.asarray(t.parents), B + 1
     post = rng.integers(0, V, (S, n)).astype(np.int32)
@@ -29,6 +31,8 @@ def _case(S, L, V, B, follow=0.8, Dk=20, W=24, layers=2):
             # stream 0's root always follows, so every case accepts beyond the root somewhere
             if kids and (rng.random() < follow or (s, i) == (0, 0)):
                 post[s, i] = tokens[s, kids[rng.integers(len(kids))]]
+            elif total is not None:
+                post[s, i] = 0
     start = rng.integers(0, 11, S).astype(np.int32)
     M = 11 + n + 3
     active = rng.random(S) < 0.75
@@ -62,6 +66,28 @@ def test_matches_golden(impl, case):
         np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{impl} kv layer {layer}")
     np.testing.assert_array_equal(np.asarray(got[5]), want[5], err_msg=f"{impl} path_taps")
     assert want[1].max() > 1, "the case should accept beyond the root somewhere"
+
+
+@pytest.mark.parametrize("impl", runnable_impls("tree_accept") + ["pallas_poison"])
+def test_shared_budget_trees_never_enter_padding(impl):
+    """Trees of a shared budget (4 nodes over 5 streams, at most 6 each: streams of 0 to 4 real
+    nodes, then padding of token 0 and parent -1), with the target choosing token 0 wherever no
+    real child follows: equal to the golden, and no path reaches past its stream's real nodes."""
+    t, tokens, post, start, active, kv, taps = _case(5, 3, 8, 6, follow=0.9, total=4)
+    args = (t, jnp.asarray(tokens), jnp.asarray(post), jnp.asarray(start), jnp.asarray(active),
+            tuple(map(jnp.asarray, kv)), jnp.asarray(taps))
+    got = (tree_accept_pallas(*args, poison=True) if impl == "pallas_poison"
+           else tree_accept(*args, impl=impl))
+    want = tree_accept_reference(np.asarray(t.parents), tokens, post, start, active, kv, taps,
+                                 t.max_depth)
+    for name, g, w in zip(("path", "accept_len", "bonus", "path_tokens"), got[:4], want[:4]):
+        np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{impl} {name}")
+    for layer, (g, w) in enumerate(zip(got[4], want[4])):
+        np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{impl} kv layer {layer}")
+    num_nodes = np.asarray(t.num_nodes)
+    assert num_nodes.sum() == 4 and (num_nodes == 0).any()
+    assert np.all(np.asarray(got[0]) <= num_nodes[:, None])
+    assert np.all(np.asarray(got[1]) <= num_nodes + 1)
 
 
 def test_bad_arguments_are_named():
