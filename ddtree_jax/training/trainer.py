@@ -24,7 +24,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from ddtree_jax import drafter as dft
-from ddtree_jax.atomic_io import atomic_path
+from ddtree_jax.plotting import new_figure, save_png
 from ddtree_jax import engine
 from ddtree_jax import progress
 from ddtree_jax import model as tgt
@@ -275,18 +275,14 @@ class LogLines:
               file=sys.stdout, flush=True)
 
 
-def plot_losses(losses: np.ndarray, path: str, title: str) -> None:
-    """Raw loss per step and its moving average, as a PNG; without matplotlib (the [plots] extra)
-    a printed note instead."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"matplotlib is not installed (pip install -e '.[plots]'): {path} not written", flush=True)
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_losses(losses: np.ndarray, path: str | None, title: str):
+    """Raw loss per step and its moving average -> the Figure (None without matplotlib, the [plots]
+    extra), also written as a PNG at `path` unless None (ddtree_jax.plotting)."""
+    fig = new_figure(path, figsize=(6, 3.5), dpi=120, layout="tight")
+    if fig is None:
+        return None
+    ax = fig.subplots()
     steps = np.arange(1, losses.size + 1)
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     ax.plot(steps, losses, lw=0.6, alpha=0.4, label="per step")
     k = max(1, losses.size // 50)
     if losses.size >= k:
@@ -295,7 +291,6 @@ def plot_losses(losses: np.ndarray, path: str, title: str) -> None:
     ax.set(xlabel="step", ylabel="loss (nats/token)", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    if path is not None:
+        save_png(fig, path, dpi=120)
+    return fig

@@ -55,14 +55,32 @@ def test_a_damaged_middle_line_is_reported_and_the_records_around_it_kept(tmp_pa
         assert len(sweep_io.read_results(str(path))) == 2
 
 
+def _measured(i, **kw):
+    """A record as the sweep writes it now: device, dtype, the timing range and the metrics."""
+    return dict(_rec(i, device_kind="cpu", dtype="float32", matmul_precision="highest",
+                     tokens_per_second_range=[9.0 * i, 11.0 * i],
+                     metrics=dict(acceptance_rate_by_depth=[0.5, 0.25, None],
+                                  acceptance_histogram=[0, 2, 1, 1], ttft_seconds=dict(p50=0.012),
+                                  tpot_seconds=dict(p50=0.0034))), speedup=2.0 * i, **kw)
+
+
 def test_summary_and_plot(tmp_path, monkeypatch, capsys):
     recs = [_rec(1), _rec(2), dict(_rec(3), method="ar", budget=None, speedup=1.0)]
     table = sweep_io.summary_table(recs)
     assert table.count("\n") == 4 and "| ar |" in table.splitlines()[2]
     assert "requests" not in table
     png = tmp_path / "p.png"
-    sweep_io.plot_sweep(recs, str(png), 0.0)
+    sweep_io.plot_sweep(recs, str(png), 0.0)            # older records: the cells and panels they lack stay empty
     assert png.stat().st_size > 1000
+    new = [_measured(1), _measured(2), dict(_measured(3), method="ar", budget=None, speedup=1.0)]
+    row = sweep_io.summary_table(new).splitlines()[3]
+    assert "| 10.0 | 9-11 | 2.00x |" in row and "| 0.50 / 0.25 /  | 12.0 | 3.4 |" in row
+    fig = sweep_io.plot_sweep(new, None, 0.0)
+    tau, tps, speed, hist = fig.axes
+    assert fig._suptitle.get_text() == "cpu, p, float32 (matmul highest), temperature 0"
+    assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
+    assert "speedup over ar" in speed.get_ylabel() and "accept length" in hist.get_xlabel()
+    assert hist.get_lines() and len(tps.containers) == 1     # the timing range as error bars
     monkeypatch.setitem(sys.modules, "matplotlib", None)      # no [plots] extra: a note, no error
     sweep_io.plot_sweep(recs, str(tmp_path / "q.png"), 0.0)
     assert "q.png not written" in capsys.readouterr().out and not (tmp_path / "q.png").exists()
