@@ -1,7 +1,7 @@
 """The H200 serving sweep: 64 requests (held-out prompts, cycled) served by continuous batching
 through 4 or 16 stream slots, ar / dflash / ddtree at budgets 32..128, temperature 0, 128 new
-tokens, 4 engine steps per dispatch, one served run per point (serving takes no timing_reps or
-decode_loop). Compare with the static batches of configs/sweep_h200.py, where a batch runs until its
+tokens, 4 engine steps per dispatch, tokens/s the median of 3 served runs per point (serving takes
+no decode_loop). Compare with the static batches of configs/sweep_h200.py, where a batch runs until its
 slowest stream is done.
 
     python experiments/speculative_sweep.py --config=configs/serve_h200.py
@@ -21,7 +21,6 @@ def get_config():
     c.budgets = (32, 64, 128)
     c.streams = (4, 16)
     c.requests = 64
-    c.timing_reps = 1           # sweep_h200's median of 3 applies to static batches only
     c.stage_reps = 0
     c.out_dir = c.out_dir.replace("sweep_h200", "serve_h200")
     return c

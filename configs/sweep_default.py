@@ -1,5 +1,6 @@
 """Default speculative sweep (`make run`): ar, dflash, ddtree at budgets 8/32/64 and ddtree-auto, at
-1 and 4 streams, temperature 0, 32 new tokens. Uses the shipped pair (assets/pair/target,
+1 and 4 streams, temperature 0, 32 new tokens, every held-out prompt, tokens/s the median of 3
+timed decodes. Uses the shipped pair (assets/pair/target,
 assets/pair/drafter, held-out prompts) when it exists, otherwise a random tiny pair.
 
     python experiments/speculative_sweep.py --config=configs/sweep_default.py
@@ -32,9 +33,10 @@ def get_config():
     c.top_k = 0
     c.top_p = 1.0
     c.max_new_tokens = 32
-    c.batches = 1                # prompt batches per point (streams prompts each)
+    c.batches = 0                # prompt batches per point, streams prompts each (0: every prompt)
     c.stage_reps = 3             # timed repetitions of each engine stage (0: no breakdown)
-    c.timing_reps = 1            # timed decodes per prompt batch (tokens/s from the median)
+    c.timing_reps = 3            # timed decodes per prompt batch (tokens/s: median, lowest, highest)
+    c.matmul_precision = "auto"  # "auto": "highest" (true float32) for a float32 pair, else JAX's default
     c.steps_per_call = 1         # engine steps per dispatch (a device loop when > 1)
     c.ar_steps_per_call = 0      # the ar baseline's steps per dispatch (0: steps_per_call)
     c.decode_loop = "auto"       # "host" / "device" / "auto" (engine.decode_loop_for)

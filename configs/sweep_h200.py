@@ -1,8 +1,9 @@
-"""The H200 sweep: budgets 16..256 x streams 1/4/16 at temperature 0, held-out prompts, bf16 pair,
-128 new tokens, tokens/s from the median of 3 decodes. The speculative methods decode as one device
-call that checks every 4 steps for streams with tokens left; ar dispatches its known 8-step calls
-from the host and reads nothing (decode_loop "auto": engine.decode_loop_for). 24 points of about
-20 s each on an H200 (compiles and stage times included). Add temperatures or budgets with
+"""The H200 sweep: budgets 16..256 x streams 1/4/16 at temperature 0, every held-out prompt at
+every stream count (at 1 stream a point decodes the 20 prompts one after another), bf16 pair, 128
+new tokens, tokens/s from the median of 3 decodes (with the lowest and highest). The speculative
+methods decode as one device call that checks every 4 steps for streams with tokens left; ar
+dispatches its known 8-step calls from the host and reads nothing (decode_loop "auto":
+engine.decode_loop_for). Add temperatures or budgets with
 --config.key=value, GPU graph settings with --config.xla_flags. The device loop's executable
 already records its while loop and conditionals into CUDA graphs (`engine.DEVICE_LOOP_GRAPHS`);
 the same settings for every executable ("GRAPHS_ALL" in docs/engine.md, "DEVICE_LOOP_GRAPHS") are
@@ -32,7 +33,7 @@ def get_config():
     c.streams = (1, 4, 16)
     c.temperatures = (0.0,)
     c.max_new_tokens = 128
-    c.batches = 1
+    c.batches = 0                # every held-out prompt
     c.stage_reps = 3
     c.timing_reps = 3
     c.steps_per_call = 4        # steps per device-loop check (the fastest at 4 and 16 streams; at 1

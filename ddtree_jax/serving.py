@@ -234,4 +234,4 @@ def serve(target, drafter, prompts: Sequence[str | Sequence[int]], *, streams: i
         texts=[tokenizer.decode(t) for t in tokens] if tokenizer is not None else None,
         first_token_seconds=[clock(first[r]) for r in range(n)],
         last_token_seconds=[clock(seen[r]) for r in range(n)],
-        nodes_per_step=plan.nodes, max_accept_length=plan.max_depth + 1)
+        nodes_per_step=plan.nodes, max_accept_length=plan.max_depth + 1, decode_times=[decode_s])

@@ -7,13 +7,17 @@ config.shared_cap each; + ddtree-shared-auto, N per step) against each N's unifo
     python experiments/speculative_sweep.py --config=configs/sweep_default.py \
         --config.budgets='(16, 64, 256)' --config.streams='(1, 8)' --config.out_dir=runs/sweep_big
 
-Per point: tau, tokens/s (median of `timing_reps` decodes; `steps_per_call` engine steps per
+Per point, over every held-out prompt (`batches` 0; or `batches` batches of `streams` prompts):
+tau, tokens/s (the median over `timing_reps` repetitions, with the lowest and highest; `steps_per_call` engine steps per
 dispatch, or between the device loop's checks; `decode_loop` as engine.generate's, "auto": the
 device loop for the speculative methods, the host loop for ar without stop tokens; with
 `requests` > 0, `requests` prompts served once through `streams` slots by continuous batching,
 ddtree_jax.serving, which takes timing_reps 1 and decode_loop "auto" only), speedup over ar at the
 same streams and temperature (ar at its own `ar_steps_per_call` when set: the baseline at its best
-dispatch setting), the step-time breakdown (engine stage times), steps. Each finished point is
+dispatch setting), the step-time breakdown (engine stage times), steps, and ddtree_jax.metrics'
+acceptance rate by depth, acceptance histogram, TTFT and TPOT percentiles; each record names the
+dtype, the matmul precision it ran at (`matmul_precision`, "auto": true float32 for a float32
+pair), the commit, library versions and config file (ddtree_jax.bench.sweep). Each finished point is
 appended to <out_dir>/results.jsonl (flushed and fsynced); a restart with the same config on the
 same JAX backend and device kind skips the points already there. At the end: a summary table on
 stdout, <out_dir>/sweep_T<temperature>.png per temperature, and with `results_dir` set the run's
@@ -36,7 +40,7 @@ from __future__ import annotations
 import os
 import time
 
-from absl import app
+from absl import app, flags
 import jax
 from ml_collections import config_flags
 
@@ -55,7 +59,8 @@ def main(argv):
     if cfg.compile_cache:     # identical stages of different points (and reruns) compile once
         jax.config.update("jax_compilation_cache_dir", cfg.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    records = sweep.run_sweep(cfg)
+    name = sweep.repo_relative(config_flags.get_config_filename(flags.FLAGS["config"]))
+    records = sweep.run_sweep(cfg, config_name=name)
     print(sweep_io.summary_table(records))
     if cfg.results_dir:
         path = record.write_result(cfg.results_dir, {

@@ -22,9 +22,9 @@ def load_config(name):
 
 def overrides(out, cache, **kw):
     """Config fields for a sweep of seconds: the random tiny pair, ar and ddtree at budget 2, one
-    stream, 3 new tokens; kw replaces any of them."""
+    stream, 3 new tokens, one timed decode; kw replaces any of them."""
     c = dict(random_tiny=True, random_vocab=16, block_size=3, prompt_len=5, methods=("ar", "ddtree"),
-             budgets=(2,), streams=(1,), max_new_tokens=3, stage_reps=0, auto_steps=1,
+             budgets=(2,), streams=(1,), max_new_tokens=3, stage_reps=0, auto_steps=1, timing_reps=1,
              out_dir=str(out), compile_cache=str(cache))
     c.update(kw)
     return c

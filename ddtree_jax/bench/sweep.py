@@ -1,9 +1,20 @@
 """The speculative decoding sweep (experiments/speculative_sweep.py): the pair and prompts a config
 names, its grid of points, one point's decode and record (the greedy check against ar's tokens
-included) and the crash-safe run over every unfinished point."""
+included) and the crash-safe run over every unfinished point.
+
+A point decodes every held-out prompt (config.batches 0: ceil(prompts / streams) batches, the last
+one filled by cycling the prompts) or a stated sample (config.batches > 0 batches), each batch
+timed config.timing_reps times; its tokens/s is the median over the repetitions of (tokens / the
+repetition's decode seconds summed over the batches), with the lowest and highest beside it. It
+runs at config.matmul_precision ("auto": "highest", true float32, for a float32 pair; JAX's default
+otherwise, which a GPU may run as TF32 or bf16 passes). Its record carries its parameters (the
+resume key: repository-relative paths, backend and device kind, dtype and matmul precision
+included), the run's commit, library versions and config name, and the metrics of
+ddtree_jax.metrics over all its streams."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -16,7 +27,7 @@ import ddtree_jax as dj
 from ddtree_jax import budget as budgets
 from ddtree_jax import engine, metrics, serving
 from ddtree_jax.checks import check_int, is_int
-from ddtree_jax.bench import auto_budget, parity, sweep_io
+from ddtree_jax.bench import auto_budget, parity, record, sweep_io
 
 
 def load_pair(cfg):
@@ -25,17 +36,39 @@ def load_pair(cfg):
     if cfg.random_tiny:
         tcfg = dj.ModelConfig.preset("tiny").replace(vocab_size=cfg.random_vocab)
         dcfg = dj.DrafterConfig.for_target(tcfg, block_size=cfg.block_size)
-        target = (tcfg, dj.init_target(tcfg, jax.random.key(cfg.seed)))
-        drafter = (dcfg, dj.init_drafter(dcfg, jax.random.key(cfg.seed + 1)))
+        dtype = jnp.dtype(cfg.dtype)
+        target = (tcfg, dj.init_target(tcfg, jax.random.key(cfg.seed), dtype=dtype))
+        drafter = (dcfg, dj.init_drafter(dcfg, jax.random.key(cfg.seed + 1), dtype=dtype))
         rng = np.random.default_rng(cfg.seed)
-        n = max(cfg.streams) * cfg.batches
+        n = max(cfg.streams) * max(cfg.batches, 1)
         prompts = [rng.integers(0, cfg.random_vocab, cfg.prompt_len or 32).tolist() for _ in range(n)]
         return target, drafter, prompts, f"random_tiny(v{cfg.random_vocab},b{cfg.block_size},s{cfg.seed})"
     from ddtree_jax.training import data
     target = dj.load_target(cfg.target_dir, dtype=jnp.dtype(cfg.dtype))
     drafter = dj.load_drafter(cfg.drafter_dir, dtype=jnp.dtype(cfg.dtype))
     prompts = [p[:cfg.prompt_len] if cfg.prompt_len else p for p in data.load_prompts(cfg.prompts)]
-    return target, drafter, prompts, f"{cfg.target_dir}|{cfg.drafter_dir}"
+    return target, drafter, prompts, f"{repo_relative(cfg.target_dir)}|{repo_relative(cfg.drafter_dir)}"
+
+
+def repo_relative(path: str) -> str:
+    """`path` relative to the repository when inside it (a resume key survives moving the
+    checkout), else absolute."""
+    full = os.path.abspath(path)
+    return os.path.relpath(full, record.ROOT) if full.startswith(record.ROOT + os.sep) else full
+
+
+def matmul_precision(cfg) -> str:
+    """config.matmul_precision, "auto" resolved: "highest" (true float32) for a float32 pair,
+    "default" (JAX's: on a GPU possibly TF32 or bf16 passes) otherwise."""
+    prec = cfg.get("matmul_precision", "auto")
+    if prec == "auto":
+        return "highest" if jnp.dtype(cfg.dtype) == jnp.float32 else "default"
+    if prec not in MATMUL_PRECISIONS:
+        raise ValueError(f"config.matmul_precision must be 'auto' or one of {MATMUL_PRECISIONS}; got {prec!r}")
+    return prec
+
+
+MATMUL_PRECISIONS = ("default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
 
 
 def grid(cfg, pair_id: str) -> list[dict]:
@@ -43,16 +76,16 @@ def grid(cfg, pair_id: str) -> list[dict]:
     The JAX backend and device kind are parameters too, so a results file from another machine
     is not resumed from."""
     loop = cfg.get("decode_loop", "auto")
-    if cfg.requests and (cfg.timing_reps != 1 or loop != "auto"):
-        raise ValueError(f"config.timing_reps={cfg.timing_reps} and config.decode_loop={loop!r} set "
-                         f"how static batches are timed; with config.requests={cfg.requests} "
-                         f"serving.serve decodes once, with its own loop: leave them at 1 and 'auto'")
+    if cfg.requests and loop != "auto":
+        raise ValueError(f"config.decode_loop={loop!r} sets how static batches decode; with "
+                         f"config.requests={cfg.requests} serving.serve runs its own loop: leave it 'auto'")
     check_config(cfg)
     points = []
     device = dict(backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind)
     for temp in cfg.temperatures:
         for s in cfg.streams:
-            base = dict(device, pair=pair_id, streams=int(s), temperature=float(temp), seed=cfg.seed,
+            base = dict(device, pair=pair_id, dtype=jnp.dtype(cfg.dtype).name,
+                        matmul_precision=matmul_precision(cfg), streams=int(s), temperature=float(temp), seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, batches=cfg.batches, top_k=cfg.top_k,
                         top_p=cfg.top_p, steps_per_call=cfg.steps_per_call,
                         timing_reps=cfg.timing_reps, xla_flags=cfg.xla_flags,
@@ -109,8 +142,9 @@ def check_config(cfg) -> None:
     if not temps or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
                             for t in temps):
         raise ValueError(f"config.temperatures must be a non-empty list of numbers >= 0; got {temps}")
-    for field in ("max_new_tokens", "batches"):
-        check_int(f"config.{field}", cfg[field], 1)
+    check_int("config.max_new_tokens", cfg.max_new_tokens, 1)
+    check_int("config.batches", cfg.batches, 0)
+    check_int("config.timing_reps", cfg.timing_reps, 1)
 
 
 def ar_steps_per_call(cfg) -> int:
@@ -119,6 +153,8 @@ def ar_steps_per_call(cfg) -> int:
 
 
 def _batches(prompts, streams: int, batches: int):
+    """`batches` batches of `streams` prompts (0: enough to decode every prompt), prompts cycled."""
+    batches = batches or -(-len(prompts) // streams)
     n = streams * batches
     cycled = [prompts[i % len(prompts)] for i in range(n)]
     return [cycled[i * streams:(i + 1) * streams] for i in range(batches)]
@@ -162,20 +198,24 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg, shar
               max_new_tokens=p["max_new_tokens"], temperature=p["temperature"], top_k=p["top_k"],
               top_p=p["top_p"], seed=p["seed"], steps_per_call=p["steps_per_call"],
               drafter_attn_impl=p["drafter_attn_impl"], attn_balance=p.get("attn_balance", True))
-    if p["requests"]:
-        r = serving.serve(target, drafter, _served(prompts, p["requests"]), streams=p["streams"], **kw)
+    if p["requests"]:   # served timing_reps times, each from the start (the same tokens each time)
+        runs = [serving.serve(target, drafter, _served(prompts, p["requests"]), streams=p["streams"], **kw)
+                for _ in range(p["timing_reps"])]
+        if any(x.tokens != runs[0].tokens for x in runs):
+            raise RuntimeError(f"{p['method']} at {p['streams']} streams: the timed serving runs "
+                               f"(timing_reps) gave different tokens")
+        r = dataclasses.replace(runs[0], decode_times=[x.decode_seconds for x in runs])
         stage = {}   # the breakdown comes from a static batch
         if cfg.stage_reps:
             stage = engine.generate(target, drafter, batches[0], stage_reps=cfg.stage_reps,
                                     **kw).stage_times
         lat = np.asarray(r.request_seconds)
         per_request = np.asarray([len(t) - 1 for t in r.tokens]) / lat
-        return dict(tau=r.tau, tokens_per_second=r.tokens_per_second,
-                    generated=sum(len(t) - 1 for t in r.tokens), decode_seconds=r.decode_seconds,
+        return dict(tau=r.tau, generated=sum(len(t) - 1 for t in r.tokens),
                     compile_seconds=r.compile_seconds, steps=r.steps, device_steps=r.device_steps,
                     stage_times=stage, request_p50_s=float(np.median(lat)), request_p90_s=float(np.quantile(lat, 0.9)),
                     request_tokens_per_second=float(per_request.mean()), tokens=[r.tokens],
-                    **acceptance_stats([r]))
+                    **timing([r]), **acceptance_stats([r]), metrics=point_metrics([r]))
     results, stage = [], None
     for batch in batches:
         r = engine.generate(target, drafter, batch, stage_reps=cfg.stage_reps if stage is None else 0,
@@ -183,15 +223,39 @@ def _generate(target, drafter, prompts, batches, p: dict, budget: int, cfg, shar
         results.append(r)
         stage = r.stage_times if stage is None else stage
     acc = [a for r in results for row in r.acceptance_lengths for a in row]
-    tokens = sum(len(t) - 1 for r in results for t in r.tokens)
-    decode = sum(r.decode_seconds for r in results)
-    return dict(tau=float(np.mean(acc)), tokens_per_second=tokens / decode if decode else 0.0,
-                generated=tokens, decode_seconds=decode,
+    return dict(tau=float(np.mean(acc)), generated=sum(len(t) - 1 for r in results for t in r.tokens),
                 compile_seconds=sum(r.compile_seconds for r in results),
                 steps=sum(r.steps for r in results),
                 device_steps=sum(r.device_steps for r in results), stage_times=stage,
                 loop=results[-1].decode_loop, tokens=[r.tokens for r in results],
-                **acceptance_stats(results))
+                **timing(results), **acceptance_stats(results), metrics=point_metrics(results))
+
+
+def timing(results) -> dict:
+    """tokens/s of a point's GenerateResults (one per batch, each timed len(decode_times) times):
+    repetition i's rate = generated tokens / the batches' i-th decode seconds summed;
+    tokens_per_second the median rate, tokens_per_second_range [lowest, highest], decode_seconds
+    the median summed seconds."""
+    reps = min(len(r.decode_times) for r in results)
+    tokens = sum(len(t) - 1 for r in results for t in r.tokens)
+    totals = np.array([sum(r.decode_times[i] for r in results) for i in range(reps)])
+    rates = tokens / totals if tokens else np.zeros(reps)
+    return dict(tokens_per_second=float(np.median(rates)),
+                tokens_per_second_range=[float(rates.min()), float(rates.max())],
+                decode_seconds=float(np.median(totals)))
+
+
+def point_metrics(results) -> dict:
+    """ddtree_jax.metrics.summary over every stream (or request) of a point's GenerateResults:
+    acceptance rate by depth, acceptance histogram, accepted per verified token (each step's real
+    draft nodes + 1), TTFT and TPOT percentiles (a static batch's streams timed from its own start;
+    served requests from the first prefill's)."""
+    rows = [row for r in results for row in r.acceptance_lengths]
+    verified = [[n + 1 for n in row] for r in results for row in r.tree_nodes]
+    first = [t for r in results for t in r.first_token_seconds]
+    last = [t for r in results for t in r.last_token_seconds]
+    return metrics.summary(rows, results[0].max_accept_length, verified,
+                           [t for r in results for t in r.tokens], first, last)
 
 
 def _group(p: dict, **changes) -> str:
@@ -223,9 +287,15 @@ def _curve(log, p: dict, method: str, xs, key: str) -> budgets.StepTimeCurve | N
 
 
 def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) -> dict:
-    """One point -> its record (parameters, key, measurements). "ddtree-auto" picks its budget for
-    the run, "ddtree-shared-auto" hands the engine a step-time curve over shared totals (each step
-    picks its own total): both from the group's fixed points' step times, or measured afresh."""
+    """One point -> its record (parameters, key, measurements), at the point's matmul precision.
+    "ddtree-auto" picks its budget for the run, "ddtree-shared-auto" hands the engine a step-time
+    curve over shared totals (each step picks its own total): both from the group's fixed points'
+    step times, or measured afresh."""
+    with jax.default_matmul_precision(p["matmul_precision"]):
+        return _run_point(target, drafter, prompts, p, log, cfg)
+
+
+def _run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) -> dict:
     t0 = time.perf_counter()
     batches = _batches(prompts, p["streams"], p["batches"])
     extra, budget, shared = {}, p["budget"] or 1, p.get("shared_budget")
@@ -260,9 +330,12 @@ def run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg) 
     return rec
 
 
-def run_sweep(cfg) -> list[dict]:
-    """Run every unfinished point of the config's grid; -> all records of the grid."""
+def run_sweep(cfg, config_name: str = "") -> list[dict]:
+    """Run every unfinished point of the config's grid; -> all records of the grid. Each new
+    record also carries the run's commit, library versions and `config_name` (the config file)."""
     target, drafter, prompts, pair_id = load_pair(cfg)
+    info = record.run_info("speculative_sweep")
+    run = dict(commit=info["commit"], versions=info["versions"], config=config_name)
     log = sweep_io.ResultsLog(os.path.join(cfg.out_dir, "results.jsonl"))
     points = grid(cfg, pair_id)
     todo = [p for p in points if sweep_io.point_key(p) not in log]
@@ -270,7 +343,7 @@ def run_sweep(cfg) -> list[dict]:
           f"{len(points) - len(todo)} already in {log.path}", flush=True)
     for i, p in enumerate(todo):
         rec = run_point(target, drafter, prompts, p, log, cfg)
-        log.append(rec)
+        log.append(dict(rec, **run))
         print(f"[{i + 1}/{len(todo)}] streams {p['streams']} T {p['temperature']:g} {p['method']}"
               f"{'@' + sweep_io.budget_cell(rec) if rec['budget'] else ''}: tau {rec['tau']:.2f}, "
               f"{rec['tokens_per_second']:.1f} tok/s, {rec['wall_seconds']:.1f} s", flush=True)

@@ -110,4 +110,4 @@ def generate(target, drafter, prompts: Sequence[str | Sequence[int]], *, method:
         first_token_seconds=[prefill_s] * streams,
         last_token_seconds=[prefill_s + len(a) * step_s for a in acc],
         nodes_per_step=plan.nodes, max_accept_length=plan.max_depth + 1,
-        tree_nodes=[n[a > 0].tolist() for n, a in zip(nodes, accept)])
+        tree_nodes=[n[a > 0].tolist() for n, a in zip(nodes, accept)], decode_times=times)

@@ -81,7 +81,7 @@ class GenerateResult:
     stage_times: dict            # seconds per step: draft, tree, verify, accept (+ step total)
     steps: int
     prefill_seconds: float       # the prompts' prefill, which emits each stream's first token
-    decode_seconds: float
+    decode_seconds: float        # the median of decode_times
     compile_seconds: float       # the decode's compile and, with warmup, the prefill's first run
     request_seconds: list | None = None   # `serve` only: per request, admission to its result
     tree_nodes: list | None = None   # per stream: draft nodes verified by each step, as acceptance_lengths
@@ -92,6 +92,7 @@ class GenerateResult:
     last_token_seconds: list | None = None   # per stream: start (compile excluded) to its last token
     nodes_per_step: int = 1      # tokens the target verifies per stream per step (root included)
     max_accept_length: int = 1   # the most tokens one step emits: the drafter's block size (ar: 1)
+    decode_times: list | None = None   # seconds of each timed decode (Decoding.timing_reps of them)
 
     def metrics(self) -> dict:
         """Mean accept length, acceptance rate by depth, acceptance histogram, accepted tokens

@@ -98,7 +98,7 @@ def test_served_point_runs_every_request_through_the_slots(tmp_path):
     with the same tau and tokens as the static batches would give at temperature 0."""
     cfg = load_config("sweep_default")
     cfg.update(overrides(str(tmp_path), "", methods=("ddtree",), streams=(2,), requests=5,
-                          max_new_tokens=4))
+                          max_new_tokens=4, timing_reps=2))
     target, drafter, prompts, pair = sweep.load_pair(cfg)
     points = sweep.grid(cfg, pair)
     assert [(p["method"], p["requests"]) for p in points] == [("ar", 5), ("ddtree", 5)]
@@ -110,6 +110,7 @@ def test_served_point_runs_every_request_through_the_slots(tmp_path):
     assert rec["greedy_ties"] == 0 and "tokens" not in rec
     assert 0 < rec["request_p50_s"] <= rec["request_p90_s"] <= rec["decode_seconds"]
     assert rec["request_tokens_per_second"] > 0
+    assert rec["tokens_per_second_range"][0] <= rec["tokens_per_second"] <= rec["tokens_per_second_range"][1]
     static = engine.generate(target, drafter, [prompts[i % len(prompts)] for i in range(5)],
                              method="ddtree", budget=2, max_new_tokens=4, stage_reps=0)
     assert rec["tau"] == pytest.approx(static.tau)
@@ -141,17 +142,39 @@ def test_points_are_keyed_by_backend_and_device_kind(tmp_path):
     assert sweep_io.point_key(points[0]) not in log
 
 
-def test_served_points_refuse_static_timing_settings(tmp_path):
-    """serving.serve decodes once with its own loop: timing_reps / decode_loop other than 1 /
-    "auto" with requests > 0 are an error, not recorded and ignored."""
+def test_served_points_refuse_a_static_decode_loop(tmp_path):
+    """serving.serve runs its own loop: a decode_loop other than "auto" with requests > 0 is an
+    error, not recorded and ignored; its timing_reps repeat the served run."""
     cfg = load_config("sweep_default")
-    cfg.update(overrides(str(tmp_path), "", requests=4))
-    for field, value in (("timing_reps", 3), ("decode_loop", "device")):
-        bad = cfg.copy_and_resolve_references()
-        bad[field] = value
-        with pytest.raises(ValueError, match=f"config.{field}="):
-            sweep.grid(bad, "p")
-    assert [p["timing_reps"] for p in sweep.grid(load_config("serve_h200"), "p")][:1] == [1]
+    cfg.update(overrides(str(tmp_path), "", requests=4, decode_loop="device"))
+    with pytest.raises(ValueError, match="config.decode_loop='device'"):
+        sweep.grid(cfg, "p")
+    assert [p["timing_reps"] for p in sweep.grid(load_config("serve_h200"), "p")][:1] == [3]
+
+
+def test_a_point_decodes_every_prompt_and_names_how_it_ran(tmp_path):
+    """batches 0 decodes every prompt (the last batch filled by cycling); a record carries the
+    dtype and matmul precision in its key (true float32 for a float32 pair), the timing range of
+    its repetitions and the metrics; keys hold repository-relative paths."""
+    prompts = [[i] for i in range(5)]
+    assert sweep._batches(prompts, 2, 0) == [[[0], [1]], [[2], [3]], [[4], [0]]]
+    assert sweep._batches(prompts, 2, 1) == [[[0], [1]]]
+    cfg = load_config("sweep_default")
+    assert sweep.matmul_precision(cfg) == "highest"
+    assert sweep.matmul_precision(load_config("sweep_h200")) == "default"
+    assert sweep.repo_relative(cfg.target_dir) == os.path.join("assets", "pair", "target")
+    cfg.update(overrides(str(tmp_path), "", methods=("ar",), batches=0, timing_reps=2, streams=(2,)))
+    with pytest.raises(ValueError, match="config.matmul_precision"):
+        sweep.matmul_precision(dict(cfg.to_dict(), matmul_precision="exact"))
+    target, drafter, prompts, pair = sweep.load_pair(cfg)
+    (p,) = sweep.grid(cfg, pair)
+    assert (p["dtype"], p["matmul_precision"]) == ("float32", "highest")
+    rec = sweep.run_point(target, drafter, prompts, p, sweep_io.ResultsLog(str(tmp_path / "r.jsonl")), cfg)
+    lo, hi = rec["tokens_per_second_range"]
+    assert lo <= rec["tokens_per_second"] <= hi
+    assert rec["generated"] == len(prompts) * (3 - 1)        # every prompt, first token from the prefill
+    assert rec["metrics"]["acceptance_histogram"] == [0, len(prompts) * 2]
+    assert rec["metrics"]["ttft_seconds"]["p50"] > 0
 
 
 def test_a_point_that_is_not_lossless_is_refused(tmp_path, monkeypatch):
@@ -191,7 +214,8 @@ def test_a_point_that_is_not_lossless_is_refused(tmp_path, monkeypatch):
     ("shared_cap", 0, "config.shared_cap must be an int >= 1"),
     ("temperatures", (-0.5,), "config.temperatures must be a non-empty list of numbers >= 0"),
     ("max_new_tokens", 0, "config.max_new_tokens must be an int >= 1"),
-    ("batches", 0, "config.batches must be an int >= 1"),
+    ("batches", -1, "config.batches must be an int >= 0"),
+    ("timing_reps", 0, "config.timing_reps must be an int >= 1"),
 ])
 def test_a_sweep_config_the_sweep_cannot_run_is_refused_by_field(field, value, words):
     cfg = load_config("sweep_default")
