@@ -1,10 +1,11 @@
-# `make run`: the main job. `make test`: the test suite (CPU is enough). Both create .venv on first use.
+# `make run`: the main job. `make test`: the test suite (CPU is enough). `make notebooks`: run the
+# notebooks in place, keeping their figures. Each creates .venv on first use.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test clean
+.PHONY: run test notebooks clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +18,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal -m 'not slow' --durations=15
+
+notebooks: $(STAMP)
+	$(PY) notebooks/execute.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

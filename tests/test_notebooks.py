@@ -1,35 +1,40 @@
-"""Every notebook in notebooks/ executes on the CPU in small mode (DDTREE_NB_SMALL=1)."""
+"""Every notebook in notebooks/ executes on the CPU in small mode (DDTREE_NB_SMALL=1) with
+matplotlib's inline backend, as in Jupyter, and shows figures."""
 
-import glob
+import importlib.util
 import os
-import sys
 
 import pytest
+
 from tests import ROOT
 
 # `make test` installs both (the test extra); the GPU machine's image has neither, and a
 # `pytest -m gpu tests/` run there must still collect this module.
-nbformat = pytest.importorskip("nbformat", reason="nbformat not installed (pip install -e '.[test]')")
-NotebookClient = pytest.importorskip("nbclient", reason="nbclient not installed").NotebookClient
+pytest.importorskip("nbformat", reason="nbformat not installed (pip install -e '.[test]')")
+pytest.importorskip("nbclient", reason="nbclient not installed")
 
-NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+_spec = importlib.util.spec_from_file_location("notebooks_execute", os.path.join(ROOT, "notebooks", "execute.py"))
+execute = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(execute)
 
 
 def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 3
+    assert len(execute.NOTEBOOKS) >= 3
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
-    monkeypatch.setenv("DDTREE_NB_SMALL", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+@pytest.mark.parametrize("path", execute.NOTEBOOKS, ids=os.path.basename)
+def test_notebook_executes_inline_and_shows_figures(path, tmp_path):
     # a fresh sweep into tmp (the notebook's fallback) rather than whatever runs/ holds
-    monkeypatch.setenv("DDTREE_SWEEP_JSONL", str(tmp_path / "none.jsonl"))
-    # the "python3" kernelspec runs `python`: make it this interpreter
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+    nb = execute.execute(path, small=True, env={"DDTREE_SWEEP_JSONL": str(tmp_path / "none.jsonl")},
+                         timeout=300)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.output_type == "error"]
     assert not errors
+    assert execute.figures(nb) >= 1, "no figure shown inline"
+
+
+def test_committed_notebooks_hold_their_figures():
+    """The notebooks are committed executed (`make notebooks`): a reader sees the figures."""
+    import nbformat
+    for path in execute.NOTEBOOKS:
+        assert execute.figures(nbformat.read(path, as_version=4)) >= 1, f"{path}: no figures committed"
