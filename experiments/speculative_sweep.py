@@ -44,10 +44,12 @@ from absl import app, flags
 import jax
 from ml_collections import config_flags
 
+from ddtree_jax import progress
 from ddtree_jax.bench import record, sweep, sweep_io
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs/sweep_default.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "sweep config file")
+_PROGRESS = progress.flag()
 
 
 def main(argv):
@@ -60,7 +62,7 @@ def main(argv):
         jax.config.update("jax_compilation_cache_dir", cfg.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     name = sweep.repo_relative(config_flags.get_config_filename(flags.FLAGS["config"]))
-    records = sweep.run_sweep(cfg, config_name=name)
+    records = sweep.run_sweep(cfg, config_name=name, show_progress=_PROGRESS.value)
     print(sweep_io.summary_table(records))
     if cfg.results_dir:
         path = record.write_result(cfg.results_dir, {

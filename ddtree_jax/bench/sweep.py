@@ -25,7 +25,7 @@ from jax._src import xla_bridge
 
 import ddtree_jax as dj
 from ddtree_jax import budget as budgets
-from ddtree_jax import engine, metrics, serving
+from ddtree_jax import engine, metrics, progress, serving
 from ddtree_jax.checks import check_int, is_int
 from ddtree_jax.bench import auto_budget, parity, record, sweep_io
 
@@ -330,9 +330,10 @@ def _run_point(target, drafter, prompts, p: dict, log: sweep_io.ResultsLog, cfg)
     return rec
 
 
-def run_sweep(cfg, config_name: str = "") -> list[dict]:
-    """Run every unfinished point of the config's grid; -> all records of the grid. Each new
-    record also carries the run's commit, library versions and `config_name` (the config file)."""
+def run_sweep(cfg, config_name: str = "", show_progress: bool = True) -> list[dict]:
+    """Run every unfinished point of the config's grid, with a progress bar and ETA on a terminal
+    (ddtree_jax.progress; show_progress False: none); -> all records of the grid. Each new record
+    also carries the run's commit, library versions and `config_name` (the config file)."""
     target, drafter, prompts, pair_id = load_pair(cfg)
     info = record.run_info("speculative_sweep")
     run = dict(commit=info["commit"], versions=info["versions"], config=config_name)
@@ -341,7 +342,7 @@ def run_sweep(cfg, config_name: str = "") -> list[dict]:
     todo = [p for p in points if sweep_io.point_key(p) not in log]
     print(f"pair {pair_id} on {jax.default_backend()}: {len(points)} points, "
           f"{len(points) - len(todo)} already in {log.path}", flush=True)
-    for i, p in enumerate(todo):
+    for i, p in enumerate(progress.track(todo, "sweep points", show_progress)):
         rec = run_point(target, drafter, prompts, p, log, cfg)
         log.append(dict(rec, **run))
         print(f"[{i + 1}/{len(todo)}] streams {p['streams']} T {p['temperature']:g} {p['method']}"
