@@ -257,15 +257,50 @@ def moe_experts(fn: Callable, x, topk_ids, topk_weights, experts, valid=None):
     def local(xl, ids, w, ok, ex):
         if not eaxes:
             return fn(xl, ids, w, ex, ok)
-        rel = ids - _shard_offset(eaxes, n_local)
-        mine = (rel >= 0) & (rel < n_local)
-        y = fn(xl, jnp.where(mine, rel, 0), w, ex, ok & mine)
+        y = fn(xl, *_local_slots(ids, ok, eaxes, n_local, ex=ex, w=w))
         return jax.lax.psum(y, eaxes)
 
     espec = jax.tree.map(lambda _: P(eaxes or None), experts)
     return jax.shard_map(local, in_specs=(tspec, tspec, tspec, tspec, espec), out_specs=tspec,
                          check_vma=False)(
         x, topk_ids, topk_weights, valid, experts)
+
+
+def _local_slots(ids, ok, eaxes: tuple[str, ...], n_local: int, *, ex, w):
+    """An expert shard's view of its tokens' routing -> (ids relative to its first expert, w, ex,
+    the slots it computes: valid and routed to one of its n_local experts); the others are dropped,
+    so the shard's grouped GEMMs take only its own slots' rows and only the experts they hit."""
+    rel = ids - _shard_offset(eaxes, n_local)
+    mine = (rel >= 0) & (rel < n_local)
+    return jnp.where(mine, rel, 0), w, ex, ok & mine
+
+
+def moe_shard_work(topk_ids, valid, num_experts: int, block_m: int = 16):
+    """The routed-expert work of each device's `moe_experts` shard under the current mesh, as its
+    kernels' alignment lays it out (pallas_kernels.moe.align_routing of the shard's own slots):
+    int32 [token shards, expert shards, 2] of (rows computed, distinct experts streamed).
+    topk_ids [T, k] int32 and valid [T, k] bool (None: every slot) as `moe_experts` takes them."""
+    from pallas_kernels.moe.align import align_routing
+
+    mesh = current_mesh()
+    eaxes = _single(spec(("experts",), (num_experts,), mesh)[0])
+    tspec = spec(("streams", None), topk_ids.shape, mesh)
+    n_local = num_experts // math.prod(dict(mesh.shape)[a] for a in eaxes) if eaxes else num_experts
+    if valid is None:
+        valid = jnp.ones(topk_ids.shape, bool)
+
+    def local(ids, ok):
+        if eaxes:
+            ids, _, _, ok = _local_slots(ids, ok, eaxes, n_local, ex=None, w=None)
+        routing = align_routing(ids, n_local, block_m, valid=ok)
+        rows = jnp.sum(routing.row_slot < ids.size, dtype=jnp.int32)
+        hit = jnp.any(routing.block_expert[None, :] == jnp.arange(n_local)[:, None], axis=1)
+        return jnp.stack([rows, jnp.sum(hit, dtype=jnp.int32)])[None, None]
+
+    if mesh is None:
+        return local(topk_ids, valid)
+    out = P(tspec[0], eaxes or None, None)
+    return jax.shard_map(local, in_specs=(tspec, tspec), out_specs=out, check_vma=False)(topk_ids, valid)
 
 
 def topk_logsumexp(fn: Callable, x, k: int):

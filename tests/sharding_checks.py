@@ -7,11 +7,13 @@ the same requests served through 2 slots (dj.serve).
 Per mesh: parameter shardings are the rules' and each device holds only its slice; init and
 load_target under the mesh give the unsharded values bit for bit; the target forward (logits, cache, taps), the drafter
 forward and draft logits, and build_tree equal the unsharded results (float32, 1e-5 relative);
-generate emits identical tokens. Prints "ok <check> <mesh>" per check; exits non-zero on failure.
+the routed experts equal the 1-device call and each device computes only its own slots' rows and
+streams only the experts they hit; generate emits identical tokens. Prints "ok <check> <mesh>" per check; exits non-zero on failure.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import tempfile
 import time
@@ -24,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 import ddtree_jax as dj
 from ddtree_jax import drafter as dft
 from ddtree_jax import sharding
+from pallas_kernels.moe import moe_experts
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -102,6 +105,33 @@ def run_tree(logits):
     return tree.tokens, tree.parents, tree.depths, tree.visibility, tree.scores
 
 
+def check_expert_work(shape, experts, tp_experts, rng):
+    """The routed experts under the mesh: outputs equal the 1-device call's, and each device's
+    shard computes exactly its own slots (rows: valid slots routed to its experts, from its token
+    shard) and streams exactly the experts they hit (`sharding.moe_shard_work`)."""
+    e, k, t = CFG.n_routed_experts, CFG.num_experts_per_tok, 4 * S
+    ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
+    valid = rng.random((t, k)) < 0.8
+    x = jnp.asarray(rng.normal(size=(t, CFG.hidden_size)), jnp.float32)
+    w = jnp.asarray(rng.random((t, k)), jnp.float32)
+    fn = functools.partial(moe_experts, impl="xla")
+    want = fn(x, jnp.asarray(ids), w, tp_experts, jnp.asarray(valid))
+    got = sharding.moe_experts(fn, x, jnp.asarray(ids), w, experts, jnp.asarray(valid))
+    _close(f"moe experts {shape}", got, want)
+    work = np.asarray(sharding.moe_shard_work(jnp.asarray(ids), jnp.asarray(valid), e))
+    token_shards, expert_shards = work.shape[:2]
+    n_local = e // expert_shards
+    for d, (tid, tok) in enumerate(zip(np.split(ids, token_shards), np.split(valid, token_shards))):
+        for s in range(expert_shards):
+            mine = tok & (tid // n_local == s)
+            expect = (int(mine.sum()), len(np.unique(tid[mine])))
+            if tuple(work[d, s]) != expect:
+                raise AssertionError(f"moe shard work {shape}: device ({d}, {s}) computes (rows, experts) "
+                                     f"{tuple(work[d, s])}, its routing has {expect}")
+    if work[..., 0].sum() != valid.sum():
+        raise AssertionError(f"moe shard work {shape}: {work[..., 0].sum()} rows for {valid.sum()} slots")
+
+
 def run_generate(target, drafter, prompts):
     return dj.generate(target, drafter, prompts, method="ddtree", budget=BUDGET, max_new_tokens=10,
                        stage_reps=0).tokens
@@ -155,6 +185,8 @@ def main(argv):
                     raise AssertionError(f"tree {name} {shape} differs")
             _close(f"tree scores {shape}", got_tree[-1], ref_tree[-1])
             _ok("tree", shape)
+            check_expert_work(shape, tp_sh["layers_1"]["mlp"]["experts"], tp["layers_1"]["mlp"]["experts"], rng)
+            _ok("moe_ep", shape)
             if arg.endswith(":generate"):
                 got = run_generate((CFG, tp_sh), (DCFG, dp_sh), prompts)
                 ref_gen = ref_gen or run_generate((CFG, tp), (DCFG, dp), prompts)

@@ -124,13 +124,22 @@ def active_experts(tokens: float, n_experts: int, top_k: int) -> float:
     return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
 
 
-def moe_seconds(gpu: GPU, cal: Calibration, cfg: ModelConfig, tokens: int, gpus: int) -> float:
-    """Routed experts of one MoE layer on one GPU of `gpus` (expert parallel)."""
+def expert_shard_work(cfg: ModelConfig, tokens: int, gpus: int) -> dict:
+    """One MoE layer's routed-expert work on one GPU of `gpus` (expert parallel, E / gpus experts
+    each; every shard computes only the slots routed to its experts and streams only the experts
+    they hit, `sharding.moe_experts`), under uniform balanced routing: rows (token-expert slots),
+    experts streamed, bytes (INT4 + scales) and FLOPs, each the mean over the GPUs."""
     per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
-    active = active_experts(tokens, cfg.n_routed_experts, cfg.num_experts_per_tok) / gpus
-    byts = active * per_expert * INT4_BYTES
-    flops = 2.0 * tokens * cfg.num_experts_per_tok * per_expert / gpus
-    return max(cal.moe_min_us * 1e-6, _roof(byts, flops, gpu, cal.moe_bw_eff, cal.moe_mm_eff))
+    experts = active_experts(tokens, cfg.n_routed_experts, cfg.num_experts_per_tok) / gpus
+    rows = tokens * cfg.num_experts_per_tok / gpus
+    return dict(rows=rows, experts=experts, bytes=experts * per_expert * INT4_BYTES,
+                flops=2.0 * rows * per_expert)
+
+
+def moe_seconds(gpu: GPU, cal: Calibration, cfg: ModelConfig, tokens: int, gpus: int) -> float:
+    """Routed experts of one MoE layer on one GPU of `gpus` (expert parallel, `expert_shard_work`)."""
+    work = expert_shard_work(cfg, tokens, gpus)
+    return max(cal.moe_min_us * 1e-6, _roof(work["bytes"], work["flops"], gpu, cal.moe_bw_eff, cal.moe_mm_eff))
 
 
 def attention_seconds(gpu: GPU, cal: Calibration, cfg: ModelConfig, streams: int, q: int, ctx: int,

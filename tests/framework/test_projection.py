@@ -62,6 +62,12 @@ def test_k2_components_by_hand():
     # ring all-reduce of 10 tokens x 7168 bf16 over 8 GPUs at 100 GB/s
     assert rf.allreduce_seconds(TOY, rf.UNIT, 10 * 7168 * 2, 8) == pytest.approx(
         2 * 7 / 8 * 143360 / 100e9)
+    # per GPU of 8 under expert parallelism: its share of the slots and of the hit experts
+    work = rf.expert_shard_work(cfg, 17, 8)
+    assert work["rows"] == pytest.approx(17) and work["experts"] == pytest.approx(
+        384 * (1 - (1 - 8 / 384) ** 17) / 8)
+    assert work["bytes"] == pytest.approx(work["experts"] * 3 * 7168 * 2048 * 0.5625)
+    assert work["flops"] == pytest.approx(2 * 17 * 3 * 7168 * 2048)
     assert rf.active_experts(1, 384, 8) == pytest.approx(8)
     assert rf.active_experts(10 ** 6, 384, 8) == pytest.approx(384)
 

@@ -69,7 +69,7 @@ def _run_checks(*meshes):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     for m in meshes:
         shape = tuple(int(x) for x in m.split(":")[0].split(","))
-        checks = ("params", "target", "drafter", "tree") + (("generate", "serve") if "generate" in m else ())
+        checks = ("params", "target", "drafter", "tree", "moe_ep") + (("generate", "serve") if "generate" in m else ())
         for check in checks:
             assert f"ok {check} {shape}" in proc.stdout, proc.stdout
 
