@@ -191,10 +191,12 @@ class MoE(nn.Module):
         gate, bias = Router(d, e, self.param_dtype, name="gate")()
         experts = self.param("experts", functools.partial(init_experts, cfg, dtype=self.param_dtype))
         xt = x.reshape(-1, d)
-        ids, weights = route(router_logits(xt, gate), bias, cfg)
+        with jax.named_scope("router"):
+            ids, weights = route(router_logits(xt, gate), bias, cfg)
         slots = jnp.broadcast_to(valid.reshape(-1, 1), ids.shape)
-        routed = sharding.moe_experts(functools.partial(moe_kernels.moe_experts, impl=self.kernels.moe),
-                                      xt, ids, weights, experts, slots)
+        with jax.named_scope("routed_experts"):
+            routed = sharding.moe_experts(functools.partial(moe_kernels.moe_experts, impl=self.kernels.moe),
+                                          xt, ids, weights, experts, slots)
         out = routed.reshape(x.shape).astype(x.dtype)
         if cfg.n_shared_experts:
             out = out + SwiGLU(d, cfg.n_shared_experts * cfg.moe_intermediate_size, self.param_dtype,
@@ -278,11 +280,13 @@ class MLA(nn.Module):
             attend = functools.partial(mla_kernels.mla_attention, impl=self.kernels.attn,
                                        scale=cfg.softmax_scale, v_dim=lora, heads_first=True,
                                        balance=self.kernels.attn_balance)
-            o_lat = sharding.attention(attend, q_lat, kv, lengths, mla_kernels.visibility_to_mask(vis),
-                                       heads_first=True, q_rope=q_pe.swapaxes(1, 2))
+            with jax.named_scope("attention_core"):
+                o_lat = sharding.attention(attend, q_lat, kv, lengths, mla_kernels.visibility_to_mask(vis),
+                                           heads_first=True, q_rope=q_pe.swapaxes(1, 2))
             o = jnp.einsum("shtl,lhv->sthv", o_lat.astype(x.dtype), w_uv)
         elif mode == "naive":
-            o = _naive_attention(q_nope, q_pe, kv.astype(x.dtype), lengths, vis, w_uk, w_uv, cfg)
+            with jax.named_scope("attention_core"):
+                o = _naive_attention(q_nope, q_pe, kv.astype(x.dtype), lengths, vis, w_uk, w_uv, cfg)
         else:
             raise ValueError(f"attn_mode must be 'absorbed' or 'naive', got {mode!r}")
         out = Linear(h * vdim, d, pd, name="o_proj")(o.reshape(s, t, h * vdim).astype(x.dtype))
@@ -353,9 +357,10 @@ class Decoder(nn.Module):
                 tapped[i] = x
         x = RMSNorm(cfg.rms_norm_eps, pd, name="norm")(x)
         head = Linear(cfg.hidden_size, cfg.vocab_size, pd, name="lm_head").weight()
-        logits = sharding.constrain(
-            jnp.einsum("std,dv->stv", x, head.astype(x.dtype), preferred_element_type=jnp.float32),
-            ("streams", None, "vocab"))
+        with jax.named_scope("lm_head"):
+            logits = sharding.constrain(
+                jnp.einsum("std,dv->stv", x, head.astype(x.dtype), preferred_element_type=jnp.float32),
+                ("streams", None, "vocab"))
         tap_out = (jnp.concatenate([tapped[i] for i in taps], axis=-1) if taps
                    else jnp.zeros(x.shape[:2] + (0,), x.dtype))
         return logits, tuple(new_kv), tap_out

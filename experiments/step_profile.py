@@ -12,7 +12,8 @@ step, waiting for the device), "engine" (engine.decode: read it one step behind)
 read it: the host only dispatches); then trace the engine loop with `jax.profiler.trace`. From the trace's device streams:
 device-busy time per step (the union of kernel intervals), kernels per step, and the kernels
 taking the most device time, and the device time split by source: per engine stage (the named
-scopes "draft", "tree", "verify", "accept") and per source scope (the kernel's op name stack in the
+scopes "draft", "tree", "verify", "accept"), per part (timing.part_of: the verify's attention
+core, projections, router, routed and shared experts, norms, lm_head, ...) and per source scope (the kernel's op name stack in the
 compiled HLO, cut to --depth segments). busy / wall near 1 means the step is bound by its kernels; well below
 1 means the device idles between kernels (launch- or host-bound). On a CPU backend the trace holds
 no device streams and only the wall time is reported.
@@ -130,10 +131,13 @@ def main(argv):
         if "stages" not in r:
             continue
         print(f"\n{r['method']} {r['budget'] or ''} S={r['streams']}: device time per step by stage "
-              f"(engine named scopes) and by source scope")
-        print("| stage or scope | kernels/step | us/step |\n|---|---:|---:|")
+              f"(engine named scopes), by part (timing.part_of: the verify's attention core, "
+              f"projections, router, routed and shared experts, norms, lm_head, ...) and by source scope")
+        print("| stage, part or scope | kernels/step | us/step |\n|---|---:|---:|")
         for name, v in sorted(r["stages"].items(), key=lambda kv: -kv[1]["us"]):
             print(f"| **{name}** | {v['kernels']:.1f} | {v['us']:.1f} |")
+        for name, v in sorted(r["parts"].items(), key=lambda kv: -kv[1]["us"]):
+            print(f"| *{name}* | {v['kernels']:.1f} | {v['us']:.1f} |")
         for v in r["scopes"]:
             print(f"| {v['scope']} | {v['kernels']:.1f} | {v['us']:.1f} |")
 

@@ -277,15 +277,48 @@ def hlo_kernel_scopes(hlo_text: str) -> dict[str, str]:
     return scopes
 
 
+# The verify's parts by source scope (the first rule that matches; the model's named scopes:
+# attention_core, router, routed_experts, lm_head, and its modules' names)
+VERIFY_PARTS = (
+    ("attention core", r"/self_attn/attention_core(/|$)"),
+    ("attention projections", r"/self_attn(/|$)"),     # q / kv projections, their norms, rope, o_proj
+    ("router", r"/mlp/(router|gate)(/|$)"),
+    ("routed experts", r"/mlp/routed_experts(/|$)"),
+    ("shared expert", r"/mlp/shared_experts(/|$)"),
+    ("MLP", r"/mlp(/|$)"),                            # dense layers' MLP, the MoE's combine
+    ("norms", r"(layernorm|/norm)(/|$)"),
+    ("lm_head", r"/lm_head(/|$)"),
+    ("embedding", r"/embed_tokens(/|$)"),
+    ("layer other", r"/layers_"),                     # residual adds
+)
+
+
+def part_of(scope: str | None) -> str:
+    """A kernel's part of the engine step from its source scope (`hlo_kernel_scopes`): the stage
+    ("draft", "tree", "accept") or, inside "verify", its VERIFY_PARTS part ("verify other" where
+    none matches); "other" outside the stages, "unattributed" without a scope."""
+    if scope is None:
+        return "unattributed"
+    stage = scope.split("/")[0]
+    if stage != "verify":
+        return stage if stage in STAGES else "other"
+    return next((name for name, rule in VERIFY_PARTS if re.search(rule, scope)), "verify other")
+
+
 def scope_summary(kernels: Sequence[dict], per: int, scopes: dict[str, str], depth: int = 4,
                   top: int = 20) -> dict:
     """Kernel events of `per` calls split by source scope (from `hlo_kernel_scopes`), per call:
     stages {stage: {kernels, us}} by the scope's first segment (STAGES, else "other"; kernels the
-    HLO does not name, such as copies, go to "unattributed") and the `top` scopes cut to `depth`
+    HLO does not name, such as copies, go to "unattributed"), parts {part: {kernels, us}} by
+    `part_of` (the verify split into attention core, projections, router, routed and shared
+    experts, norms, lm_head, ...; the parts sum to the stages) and the `top` scopes cut to `depth`
     segments [{scope, kernels, us}]. us sums kernel durations (overlaps count twice)."""
     stages = collections.defaultdict(lambda: [0, 0.0])
     cut = collections.defaultdict(lambda: [0, 0.0])
+    parts = collections.defaultdict(lambda: [0, 0.0])
     for k in kernels:
+        parts[part_of(scopes.get(k["name"]))][0] += 1
+        parts[part_of(scopes.get(k["name"]))][1] += k["dur"]
         scope = scopes.get(k["name"])
         if scope is None:
             stage, key = "unattributed", f"unattributed/{k['name']}"
@@ -298,6 +331,7 @@ def scope_summary(kernels: Sequence[dict], per: int, scopes: dict[str, str], dep
             table[name][1] += k["dur"]
     ranked = sorted(cut.items(), key=lambda kv: -kv[1][1])[:top]
     return dict(stages={n: dict(kernels=c / per, us=t / per) for n, (c, t) in stages.items()},
+                parts={n: dict(kernels=c / per, us=t / per) for n, (c, t) in parts.items()},
                 scopes=[dict(scope=n, kernels=c / per, us=t / per) for n, (c, t) in ranked])
 
 

@@ -150,6 +150,48 @@ def test_hlo_kernel_scopes_and_scope_summary():
     assert s["scopes"][0] == dict(scope="verify/Decoder/layers_*", kernels=2, us=17.0)
     assert [v["scope"] for v in s["scopes"][1:]] == ["tree", "unattributed/wrapped_concatenate_4",
                                                       "accept/select_n"]
+    assert s["parts"] == {"attention projections": dict(kernels=2, us=17.0), "tree": dict(kernels=1, us=15.0),
+                          "accept": dict(kernels=1, us=1.0), "unattributed": dict(kernels=1, us=2.0)}
+
+
+@pytest.mark.parametrize("scope, part", [
+    ("verify/Decoder/layers_*/self_attn/attention_core/shard_map", "attention core"),
+    ("verify/Decoder/layers_*/self_attn/q_b_proj/dot_general", "attention projections"),
+    ("verify/Decoder/layers_*/mlp/router/dot_general", "router"),
+    ("verify/Decoder/layers_*/mlp/gate/e_score_correction_bias", "router"),
+    ("verify/Decoder/layers_*/mlp/routed_experts/gate_up", "routed experts"),
+    ("verify/Decoder/layers_*/mlp/shared_experts/down_proj/dot_general", "shared expert"),
+    ("verify/Decoder/layers_*/mlp/add", "MLP"),
+    ("verify/Decoder/layers_*/post_attention_layernorm/mul", "norms"),
+    ("verify/Decoder/norm/rsqrt", "norms"),
+    ("verify/Decoder/lm_head/dot_general", "lm_head"),
+    ("verify/Decoder/embed_tokens/gather", "embedding"),
+    ("verify/Decoder/layers_*/add", "layer other"),
+    ("verify/concatenate", "verify other"),
+    ("draft/DFlashDrafter/layers_*/mlp/mul", "draft"),
+    ("while/lt", "other"),
+    (None, "unattributed")])
+def test_part_of_a_scope(scope, part):
+    assert timing.part_of(scope) == part
+
+
+def test_every_verify_op_of_a_compiled_step_has_a_named_part():
+    """The compiled engine step's verify ops, by their source scopes (the model's named scopes
+    and module names), fall into the account's parts; none is left to "verify other" but the
+    stage's own glue, and every part of an MoE target's layer is there."""
+    import ddtree_jax as dj
+    from ddtree_jax import engine
+    cfg = dj.ModelConfig.preset("tiny", num_hidden_layers=2)
+    dcfg = dj.DrafterConfig.for_target(cfg, block_size=3, num_hidden_layers=1)
+    target, drafter = (cfg, dj.init_target(cfg, jax.random.key(0))), (dcfg, dj.init_drafter(dcfg, jax.random.key(1)))
+    su = engine.setup(target, drafter, [[1, 2, 3]], method="ddtree", budget=3, max_new_tokens=4)
+    text = engine.decode_steps.lower(target[1], drafter[1], engine.prefill(target, drafter, su),
+                                     su.plan).compile().as_text()
+    scopes = {"/".join(p for p in op.split("/") if not timing._SKIP_SEGMENT.match(p))
+              for op in timing._OP_NAME.findall(text)}
+    parts = {timing.part_of(s) for s in scopes if s.startswith("verify/Decoder")}
+    assert parts == {"attention core", "attention projections", "router", "routed experts",
+                     "shared expert", "MLP", "norms", "lm_head", "embedding", "layer other"}
 
 
 def test_sustain_calls_back_to_back_for_the_time_given():
