@@ -7,16 +7,11 @@ slowest stream is done.
     python experiments/speculative_sweep.py --config=configs/serve_h200.py
 """
 
-import importlib.util
-import os
+from ddtree_jax.bench.sweep import load_config
 
 
 def get_config():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep_h200.py")
-    spec = importlib.util.spec_from_file_location("sweep_h200", path)
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
-    c = base.get_config()
+    c = load_config("sweep_h200")
     c.methods = ("ar", "dflash", "ddtree")
     c.budgets = (32, 64, 128)
     c.streams = (4, 16)

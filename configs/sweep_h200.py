@@ -18,16 +18,13 @@ through the host loop and leaves 4 and 16 streams and the device loop unchanged 
     python experiments/speculative_sweep.py --config=configs/sweep_h200.py
 """
 
-import importlib.util
 import os
+
+from ddtree_jax.bench.sweep import load_config
 
 
 def get_config():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep_default.py")
-    spec = importlib.util.spec_from_file_location("sweep_default", path)
-    default = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(default)
-    c = default.get_config()
+    c = load_config("sweep_default")
     c.dtype = "bfloat16"
     c.budgets = (16, 32, 64, 128, 256)
     c.streams = (1, 4, 16)

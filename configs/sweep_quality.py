@@ -5,16 +5,11 @@ depend on the batching).
     python experiments/speculative_sweep.py --config=configs/sweep_quality.py
 """
 
-import importlib.util
-import os
+from ddtree_jax.bench.sweep import load_config
 
 
 def get_config():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep_default.py")
-    spec = importlib.util.spec_from_file_location("sweep_default", path)
-    default = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(default)
-    c = default.get_config()
+    c = load_config("sweep_default")
     c.methods = ("ar", "dflash", "ddtree")
     c.budgets = (64,)
     c.streams = (20,)

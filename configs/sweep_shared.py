@@ -10,16 +10,11 @@ on 2 CPU cores, mostly compilation.
     python experiments/speculative_sweep.py --config=configs/sweep_shared.py
 """
 
-import importlib.util
-import os
+from ddtree_jax.bench.sweep import load_config
 
 
 def get_config():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep_default.py")
-    spec = importlib.util.spec_from_file_location("sweep_default", path)
-    default = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(default)
-    c = default.get_config()
+    c = load_config("sweep_default")
     c.methods = ("ar", "ddtree", "ddtree-shared", "ddtree-shared-auto")
     c.budgets = ()                 # the uniform points are the shared budgets' splits
     c.shared_budgets = (16, 32, 64, 128)

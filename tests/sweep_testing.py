@@ -4,6 +4,7 @@ sweep run in seconds on the random tiny pair."""
 import importlib.util
 import os
 
+from ddtree_jax.bench.sweep import load_config  # noqa: F401  (configs/<name>.py's get_config())
 from tests import ROOT
 
 
@@ -13,11 +14,6 @@ def load_module(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def load_config(name):
-    """configs/<name>.py's get_config()."""
-    return load_module(name).get_config()
 
 
 def overrides(out, cache, **kw):

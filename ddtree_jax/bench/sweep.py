@@ -15,6 +15,7 @@ ddtree_jax.metrics over all its streams."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import time
 
@@ -28,6 +29,15 @@ from ddtree_jax import budget as budgets
 from ddtree_jax import engine, metrics, progress, serving
 from ddtree_jax.checks import check_int, is_int
 from ddtree_jax.bench import auto_budget, parity, record, sweep_io
+
+
+def load_config(name: str):
+    """get_config() of the repository's configs/<name>.py (sweep configs build on one another
+    with it: configs/sweep_h200.py starts from load_config("sweep_default"))."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(record.ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def load_pair(cfg):

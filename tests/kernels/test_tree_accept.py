@@ -48,32 +48,9 @@ CASES = [(2, 15, 64, 64, 0.8), (3, 2, 2, 10, 0.7), (2, 4, 8, 1, 0.9), (3, 6, 500
          (4, 5, 4, 20, 1.0)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
-@pytest.mark.parametrize("impl", runnable_impls("tree_accept") + ["pallas_poison"])
-def test_matches_golden(impl, case):
-    t, tokens, post, start, active, kv, taps = _case(*case)
-    args = (t, jnp.asarray(tokens), jnp.asarray(post), jnp.asarray(start), jnp.asarray(active),
-            tuple(map(jnp.asarray, kv)), jnp.asarray(taps))
-    if impl == "pallas_poison":
-        got = tree_accept_pallas(*args, poison=True)
-    else:
-        got = tree_accept(*args, impl=impl)
-    want = tree_accept_reference(np.asarray(t.parents), tokens, post, start, active, kv, taps,
-                                 t.max_depth)
-    for name, g, w in zip(("path", "accept_len", "bonus", "path_tokens"), got[:4], want[:4]):
-        np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{impl} {name}")
-    for layer, (g, w) in enumerate(zip(got[4], want[4])):
-        np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{impl} kv layer {layer}")
-    np.testing.assert_array_equal(np.asarray(got[5]), want[5], err_msg=f"{impl} path_taps")
-    assert want[1].max() > 1, "the case should accept beyond the root somewhere"
-
-
-@pytest.mark.parametrize("impl", runnable_impls("tree_accept") + ["pallas_poison"])
-def test_shared_budget_trees_never_enter_padding(impl):
-    """Trees of a shared budget (4 nodes over 5 streams, at most 6 each: streams of 0 to 4 real
-    nodes, then padding of token 0 and parent -1), with the target choosing token 0 wherever no
-    real child follows: equal to the golden, and no path reaches past its stream's real nodes."""
-    t, tokens, post, start, active, kv, taps = _case(5, 3, 8, 6, follow=0.9, total=4)
+def _run_against_golden(impl, t, tokens, post, start, active, kv, taps):
+    """tree_accept (`impl`, or the Pallas kernel with poisoned outputs) against the float64 golden,
+    field by field; -> (got, want)."""
     args = (t, jnp.asarray(tokens), jnp.asarray(post), jnp.asarray(start), jnp.asarray(active),
             tuple(map(jnp.asarray, kv)), jnp.asarray(taps))
     got = (tree_accept_pallas(*args, poison=True) if impl == "pallas_poison"
@@ -84,6 +61,25 @@ def test_shared_budget_trees_never_enter_padding(impl):
         np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{impl} {name}")
     for layer, (g, w) in enumerate(zip(got[4], want[4])):
         np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"{impl} kv layer {layer}")
+    np.testing.assert_array_equal(np.asarray(got[5]), want[5], err_msg=f"{impl} path_taps")
+    return got, want
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("impl", runnable_impls("tree_accept") + ["pallas_poison"])
+def test_matches_golden(impl, case):
+    _, want = _run_against_golden(impl, *_case(*case))
+    assert want[1].max() > 1, "the case should accept beyond the root somewhere"
+
+
+@pytest.mark.parametrize("impl", runnable_impls("tree_accept") + ["pallas_poison"])
+def test_shared_budget_trees_never_enter_padding(impl):
+    """Trees of a shared budget (4 nodes over 5 streams, at most 6 each: streams of 0 to 4 real
+    nodes, then padding of token 0 and parent -1), with the target choosing token 0 wherever no
+    real child follows: equal to the golden, and no path reaches past its stream's real nodes."""
+    case = _case(5, 3, 8, 6, follow=0.9, total=4)
+    t = case[0]
+    got, _ = _run_against_golden(impl, *case)
     num_nodes = np.asarray(t.num_nodes)
     assert num_nodes.sum() == 4 and (num_nodes == 0).any()
     assert np.all(np.asarray(got[0]) <= num_nodes[:, None])
