@@ -17,6 +17,9 @@ core, projections, router, routed and shared experts, norms, lm_head, ...) and p
 compiled HLO, cut to --depth segments). busy / wall near 1 means the step is bound by its kernels; well below
 1 means the device idles between kernels (launch- or host-bound). On a CPU backend the trace holds
 no device streams and only the wall time is reported.
+On a GPU the run also measures the copy and matmul ceilings (timing.measure_ceilings) and gives
+each verify part its floor at those rates (roofline.verify_part_floors: weight and cache bytes
+over the copy bandwidth, FLOPs over the matmul rate) and its % of floor.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from absl import app, flags
 
 import ddtree_jax as dj
 from ddtree_jax import engine, progress
+from ddtree_jax.bench import roofline as rf
 from ddtree_jax.bench import timing
 from ddtree_jax.training import data
 
@@ -65,7 +69,8 @@ def _run_steps(step, tparams, dparams, state, n: int, loop: str):
     return jax.block_until_ready(state)
 
 
-def profile_point(target, drafter, prompts, method: str, budget: int, steps: int, top: int) -> dict:
+def profile_point(target, drafter, prompts, method: str, budget: int, steps: int, top: int,
+                  ceilings: dict | None = None) -> dict:
     su = engine.setup(target, drafter, prompts, method=method, budget=budget,
                       max_new_tokens=steps * (drafter[0].block_size + 1) + 8,
                       drafter_attn_impl=_DRAFTER_ATTN.value)
@@ -82,6 +87,7 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
         walls[loop] = (time.perf_counter() - t0) / steps * 1e3
     state = engine.prefill(target, drafter, su)
     state = _run_steps(step, target[1], dparams, state, 2, "async")
+    ctx = float(np.mean(np.asarray(state.tcache.lengths)))     # the traced steps' context, at their start
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             _run_steps(step, target[1], dparams, state, steps, "engine")
@@ -96,6 +102,14 @@ def profile_point(target, drafter, prompts, method: str, budget: int, steps: int
         rec.update(busy_ms=k["busy_us"] / 1e3, busy_fraction=k["busy_us"] / 1e3 / rec["wall_engine_ms"],
                    top=[dict(name=t["name"], per_step=t["count"], us_per_step=t["us"]) for t in k["top"]],
                    **timing.scope_summary(kernels, steps, scopes, depth=_DEPTH.value, top=_TOP.value))
+        if ceilings:   # each verify part against its floor at this run's copy and matmul rates
+            floors = rf.verify_part_floors(target[0], len(prompts), su.plan.nodes, int(ctx),
+                                           ceilings["copy_tbps"], max(ceilings["matmul_tflops_xla"],
+                                                                      ceilings["matmul_tflops_torch"]))
+            for part, v in rec["parts"].items():
+                if part in floors:
+                    v.update(floor_us=floors[part]["floor_us"],
+                             pct_floor=100 * floors[part]["floor_us"] / v["us"] if v["us"] else None)
     return rec
 
 
@@ -107,18 +121,20 @@ def main(argv):
     prompts = data.load_prompts(os.path.join(_PAIR.value, "heldout_prompts.json"))
     points = [(m, int(b)) for m in _METHODS.value
               for b in (_BUDGETS.value if m == "ddtree" else [0])]
+    # on a GPU, the copy and matmul ceilings of this run: each verify part's floor
+    ceilings = timing.measure_ceilings() if jax.default_backend() == "gpu" else None
     recs = []
     for s in map(int, _STREAMS.value):
         batch = [prompts[i % len(prompts)] for i in range(s)]
         for method, budget in progress.track(points, f"{s} streams", _PROGRESS.value):
-            r = profile_point(target, drafter, batch, method, budget, _STEPS.value, _TOP.value)
+            r = profile_point(target, drafter, batch, method, budget, _STEPS.value, _TOP.value, ceilings)
             recs.append(r)
             print(json.dumps(r), flush=True)
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                            date=time.strftime("%Y-%m-%d"), drafter_attn_impl=_DRAFTER_ATTN.value,
-                           points=recs), f, indent=1)
+                           ceilings=ceilings, points=recs), f, indent=1)
     print("\n| streams | method | budget | ms/step: sync loop | engine loop | async | device-busy ms/step "
           "| busy/engine | kernels/step |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -133,13 +149,14 @@ def main(argv):
         print(f"\n{r['method']} {r['budget'] or ''} S={r['streams']}: device time per step by stage "
               f"(engine named scopes), by part (timing.part_of: the verify's attention core, "
               f"projections, router, routed and shared experts, norms, lm_head, ...) and by source scope")
-        print("| stage, part or scope | kernels/step | us/step |\n|---|---:|---:|")
+        print("| stage, part or scope | kernels/step | us/step | floor us | % of floor |\n|---|---:|---:|---:|---:|")
         for name, v in sorted(r["stages"].items(), key=lambda kv: -kv[1]["us"]):
-            print(f"| **{name}** | {v['kernels']:.1f} | {v['us']:.1f} |")
+            print(f"| **{name}** | {v['kernels']:.1f} | {v['us']:.1f} |  |  |")
         for name, v in sorted(r["parts"].items(), key=lambda kv: -kv[1]["us"]):
-            print(f"| *{name}* | {v['kernels']:.1f} | {v['us']:.1f} |")
+            floor = f"{v['floor_us']:.1f} | {v['pct_floor']:.0f}" if v.get("pct_floor") else " | "
+            print(f"| *{name}* | {v['kernels']:.1f} | {v['us']:.1f} | {floor} |")
         for v in r["scopes"]:
-            print(f"| {v['scope']} | {v['kernels']:.1f} | {v['us']:.1f} |")
+            print(f"| {v['scope']} | {v['kernels']:.1f} | {v['us']:.1f} |  |  |")
 
 
 if __name__ == "__main__":

@@ -181,6 +181,40 @@ def rest_seconds(gpu: GPU, cal: Calibration, cfg: ModelConfig, tokens: int, laye
                                        cal.dense_mm_eff)
 
 
+def verify_part_floors(cfg: ModelConfig, streams: int, q: int, ctx: int, copy_tbs: float,
+                       matmul_tflops: float, param_bytes: float = BF16) -> dict[str, dict]:
+    """One GPU's floor of each part of a verify step (all layers) in the parts that
+    `timing.part_of` splits a traced step into: {part: {bytes, flops, floor_us}}, floor =
+    max(bytes / copy, FLOPs / matmul) at the given rates (the ceilings measured in the same run).
+    T = streams x q tokens against `ctx` cached tokens per stream; routed experts INT4
+    (`expert_shard_work` at 1 GPU), other weights `param_bytes` per value; activations' traffic
+    is left out (norms and embedding: the rows they read and write)."""
+    t, d, h = streams * q, cfg.hidden_size, cfg.num_attention_heads
+    layers = range(cfg.num_hidden_layers)
+    moe = [i for i in layers if cfg.is_moe_layer(i)]
+    dense = [i for i in layers if not cfg.is_moe_layer(i)]
+    proj = (d * ((cfg.q_lora_rank or 0) + cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+            + (cfg.q_lora_rank or d) * h * cfg.qk_head_dim
+            + cfg.kv_lora_rank * h * (cfg.qk_nope_head_dim + cfg.v_head_dim) + h * cfg.v_head_dim * d)
+    dk = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    work = {   # part: (bytes, flops), all layers
+        "attention core": (len(layers) * BF16 * streams * ((ctx + q) * dk + q * h * (dk + cfg.kv_lora_rank)),
+                           len(layers) * 2.0 * streams * q * h * (ctx + q) * (dk + cfg.kv_lora_rank)),
+        "attention projections": (len(layers) * proj * param_bytes, len(layers) * 2.0 * t * proj),
+        "router": (len(moe) * d * cfg.n_routed_experts * param_bytes, len(moe) * 2.0 * t * d * cfg.n_routed_experts),
+        "routed experts": tuple(len(moe) * expert_shard_work(cfg, t, 1)[k] for k in ("bytes", "flops")),
+        "shared expert": (len(moe) * 3 * d * cfg.n_shared_experts * cfg.moe_intermediate_size * param_bytes,
+                          len(moe) * 6.0 * t * d * cfg.n_shared_experts * cfg.moe_intermediate_size),
+        "MLP": (len(dense) * 3 * d * cfg.intermediate_size * param_bytes,
+                len(dense) * 6.0 * t * d * cfg.intermediate_size),
+        "norms": ((2 * len(layers) + 1) * 2 * t * d * BF16, 0.0),
+        "lm_head": (d * cfg.vocab_size * param_bytes, 2.0 * t * d * cfg.vocab_size),
+        "embedding": (t * d * param_bytes, 0.0),
+    }
+    return {part: dict(bytes=b, flops=f, floor_us=max(b / (copy_tbs * 1e12), f / (matmul_tflops * 1e12)) * 1e6)
+            for part, (b, f) in work.items()}
+
+
 def allreduce_seconds(gpu: GPU, cal: Calibration, byts: float, gpus: int) -> float:
     if gpus == 1:
         return 0.0

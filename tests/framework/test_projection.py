@@ -72,6 +72,28 @@ def test_k2_components_by_hand():
     assert rf.active_experts(10 ** 6, 384, 8) == pytest.approx(384)
 
 
+def test_verify_part_floors_by_hand():
+    """The tiny preset (3 layers: 1 dense, 2 MoE; d 64, 4 heads, q_lora 48, kv_lora 32, nope 16,
+    rope 8, v 16; 16 experts top-4 of width 32, 1 shared; dense MLP 128; V 512), 2 streams x 3
+    nodes against 10 cached tokens, at 1 TB/s copy and 1 TFLOP/s."""
+    cfg = dj.ModelConfig.preset("tiny")
+    f = rf.verify_part_floors(cfg, streams=2, q=3, ctx=10, copy_tbs=1.0, matmul_tflops=1.0)
+    proj = 64 * (48 + 32 + 8) + 48 * 4 * 24 + 32 * 4 * (16 + 16) + 4 * 16 * 64        # 24,576 weights
+    assert f["attention projections"]["bytes"] == 3 * proj * 2
+    assert f["attention projections"]["flops"] == 3 * 2 * 6 * proj
+    assert f["attention core"]["bytes"] == 3 * 2 * 2 * (13 * 40 + 3 * 4 * 72)
+    assert f["attention core"]["flops"] == 3 * 2 * 2 * 3 * 4 * 13 * 72
+    assert f["router"]["bytes"] == 2 * 64 * 16 * 2
+    active = 16 * (1 - (1 - 4 / 16) ** 6)
+    assert f["routed experts"]["bytes"] == pytest.approx(2 * active * 3 * 64 * 32 * 0.5625)
+    assert f["routed experts"]["flops"] == 2 * 2 * 24 * 3 * 64 * 32
+    assert f["MLP"]["flops"] == 6 * 6 * 64 * 128 and f["lm_head"]["bytes"] == 64 * 512 * 2
+    for part in f.values():
+        assert part["floor_us"] == pytest.approx(max(part["bytes"] / 1e12, part["flops"] / 1e12) * 1e6)
+    from ddtree_jax.bench import timing
+    assert set(f) <= {name for name, _ in timing.VERIFY_PARTS}
+
+
 def test_projection_prefers_trees_when_verification_is_flat():
     """With weights dominating and a free draft, the best budget grows past the plain decode."""
     dep = rf.Deployment.kimi_k2_6()
