@@ -1,6 +1,7 @@
 """pyproject.toml against what is installed: the versions satisfy the bounds of the dependencies
-and of the extras `make test` installs, the version and console scripts resolve, and every private
-jax._src import in the code exists in the installed jax."""
+and of the extras `make test` installs, constraints/lower.txt pins exactly their lower bounds (what
+`make test-lower` installs), the version and console scripts resolve, and every private jax._src
+import in the code exists in the installed jax."""
 
 import ast
 import importlib
@@ -11,6 +12,8 @@ from importlib import metadata
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 import ddtree_jax
 from tests import ROOT
@@ -18,14 +21,42 @@ from tests import ROOT
 with open(os.path.join(ROOT, "pyproject.toml"), "rb") as _f:
     PROJECT = tomllib.load(_f)["project"]
 MAKE_TEST_EXTRAS = ("test", "plots")      # the Makefile installs '.[test,plots]'
+MAKE_TEST_REQS = PROJECT["dependencies"] + [r for e in MAKE_TEST_EXTRAS for r in PROJECT["optional-dependencies"][e]]
+LOWER_CONSTRAINTS = os.path.join(ROOT, "constraints", "lower.txt")
 
 
-@pytest.mark.parametrize("req", PROJECT["dependencies"]
-                         + [r for e in MAKE_TEST_EXTRAS for r in PROJECT["optional-dependencies"][e]])
+@pytest.mark.parametrize("req", MAKE_TEST_REQS)
 def test_installed_version_satisfies_the_bound(req):
     r = Requirement(req)
     assert r.specifier.contains(metadata.version(r.name), prereleases=True), \
         f"{r.name} {metadata.version(r.name)} is installed; pyproject.toml asks for {r.specifier}"
+
+
+def _lower_bounds(reqs) -> dict:
+    """{name: version} of each requirement's one `>=` bound (AssertionError naming one without)."""
+    out = {}
+    for req in map(Requirement, reqs):
+        lows = [s.version for s in req.specifier if s.operator == ">="]
+        assert len(lows) == 1, f"{req}: pyproject.toml needs one lower bound (>=) for make test-lower"
+        out[canonicalize_name(req.name)] = Version(lows[0])
+    return out
+
+
+def _pins(path) -> dict:
+    """{name: version} of a constraints file's `name==version` lines (comments and blanks skipped)."""
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                (spec,) = Requirement(line).specifier
+                assert spec.operator == "==", f"{path}: {line} is not a pin (name==version)"
+                out[canonicalize_name(Requirement(line).name)] = Version(spec.version)
+    return out
+
+
+def test_lower_constraints_pin_the_lower_bounds():
+    assert _pins(LOWER_CONSTRAINTS) == _lower_bounds(MAKE_TEST_REQS)
 
 
 def test_version_is_the_package_metadata():
