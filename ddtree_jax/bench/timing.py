@@ -317,8 +317,6 @@ def scope_summary(kernels: Sequence[dict], per: int, scopes: dict[str, str], dep
     cut = collections.defaultdict(lambda: [0, 0.0])
     parts = collections.defaultdict(lambda: [0, 0.0])
     for k in kernels:
-        parts[part_of(scopes.get(k["name"]))][0] += 1
-        parts[part_of(scopes.get(k["name"]))][1] += k["dur"]
         scope = scopes.get(k["name"])
         if scope is None:
             stage, key = "unattributed", f"unattributed/{k['name']}"
@@ -326,7 +324,7 @@ def scope_summary(kernels: Sequence[dict], per: int, scopes: dict[str, str], dep
             first = scope.split("/")[0]
             stage = first if first in STAGES else "other"
             key = "/".join(scope.split("/")[:depth]) or "(no scope)"
-        for table, name in ((stages, stage), (cut, key)):
+        for table, name in ((stages, stage), (cut, key), (parts, part_of(scope))):
             table[name][0] += 1
             table[name][1] += k["dur"]
     ranked = sorted(cut.items(), key=lambda kv: -kv[1][1])[:top]
