@@ -323,7 +323,8 @@ class DrafterConfig:
 
     The drafter shares the target's embedding and lm_head; `hidden_size` and `vocab_size` must
     equal the target's. `target_layer_ids` are 0-based target decoder layers whose outputs are
-    tapped (the reference's default spacing when built with `for_target`).
+    tapped, as transformers' `hidden_states[i + 1]` (the last layer's after the final norm; the
+    reference's default spacing when built with `for_target`).
     """
 
     hidden_size: int

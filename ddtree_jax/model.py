@@ -356,6 +356,8 @@ class Decoder(nn.Module):
             if i in taps:
                 tapped[i] = x
         x = RMSNorm(cfg.rms_norm_eps, pd, name="norm")(x)
+        if cfg.num_hidden_layers - 1 in taps:      # HF hidden_states[L] is the final-normed state
+            tapped[cfg.num_hidden_layers - 1] = x
         head = Linear(cfg.hidden_size, cfg.vocab_size, pd, name="lm_head").weight()
         with jax.named_scope("lm_head"):
             logits = sharding.constrain(
@@ -404,7 +406,8 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: LatentCache, *, 
     of stream s; the routed experts compute only those (the others' slots take no rows of the
     expert GEMMs, and their outputs are not meaningful). New tokens are written at slots
     lengths[s] + t; the returned cache has lengths += num_new. Returns logits [S, T, V] float32,
-    the cache, and the hidden states after layers `taps` concatenated [S, T, len(taps) * d].
+    the cache, and the hidden states after layers `taps` concatenated [S, T, len(taps) * d]
+    (transformers' `hidden_states[i + 1]`: the last layer's is after the final norm).
     kernels: the kernel implementations (config.Kernels; default: "auto" for every operation);
     the keywords attn_impl, moe_impl, attn_balance set one field each (Kernels.ALIASES).
     """

@@ -200,7 +200,8 @@ def decoder_forward(params, cfg, tokens, positions=None, cache=None, visibility=
     (latents: list per layer of [S, N, latent], lengths [S]); visibility [S, T, T] bool or
     None (causal); taps: 0-based layer ids; experts_hf: {layer: dict(gate, up, down)} for MoE
     layers. Returns (logits [S, T, V], new_latents [L] of [S, T, latent],
-    taps [S, T, len(taps) * d], the output of each tapped layer in the order given).
+    taps [S, T, len(taps) * d], the output of each tapped layer in the order given, the last
+    layer's after the final norm, as transformers' hidden_states[i + 1]).
     choices: a dict that receives {layer: router_choice [S, T, E]} for every MoE layer.
     """
     tokens = np.asarray(tokens)
@@ -235,7 +236,8 @@ def decoder_forward(params, cfg, tokens, positions=None, cache=None, visibility=
                            mlp["down_proj"]["kernel"])
         h = h + m
         tapped[i] = h
-    logits = rms_norm(h, params["norm"]["scale"], eps) @ _f64(params["lm_head"]["kernel"])
+    tapped[L - 1] = h = rms_norm(h, params["norm"]["scale"], eps)
+    logits = h @ _f64(params["lm_head"]["kernel"])
     tap_out = (np.concatenate([tapped[i] for i in taps], axis=-1) if taps
                else np.zeros((S, T, 0)))
     return logits, new_latents, tap_out

@@ -1,6 +1,7 @@
 """Checkpoints written by transformers itself (tests/fixtures/make_hf_fixtures.py rebuilds them):
 load_target reads them, in both RoPE spellings and with compressed-tensors INT4 experts, to the
-logits transformers computes (float32, relative error <= 1e-4)."""
+logits transformers computes, and the taps are transformers' hidden_states (float32, relative
+error <= 1e-4)."""
 
 import os
 import shutil
@@ -12,7 +13,7 @@ import pytest
 from ddtree_jax.bench.parity import relative_error
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.config import RopeScaling
-from ddtree_jax.model import target_logits
+from ddtree_jax.model import forward, init_cache, target_logits
 from tests import ROOT
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -42,3 +43,18 @@ def test_transformers_checkpoint_gives_transformers_logits(tmp_path, which):
     logits = target_logits(params, cfg, ref["tokens"], attn_impl="xla", moe_impl="xla")
     err = relative_error(logits, ref["int4" if which == "int4" else "float32"])
     assert err <= 1e-4, f"{which}: relative logit error {err:.3g} against transformers"
+
+
+def test_taps_are_transformers_hidden_states():
+    """Tap i is hidden_states[i + 1] for every layer, the last one's after the final norm."""
+    ref = np.load(os.path.join(FIXTURES, "hf_logits.npz"))
+    cfg, params = load_target(FLOAT, dtype=jnp.float32)
+    tokens = ref["tokens"]
+    s, t = tokens.shape
+    layers = tuple(range(cfg.num_hidden_layers))
+    out = forward(params, cfg, tokens, np.broadcast_to(np.arange(t), (s, t)), init_cache(cfg, s, t),
+                  taps=layers[::-1], attn_impl="xla", moe_impl="xla")
+    d = cfg.hidden_size
+    for k, i in enumerate(layers[::-1]):
+        err = relative_error(out.taps[..., k * d:(k + 1) * d], ref["hidden_states"][i + 1])
+        assert err <= 1e-4, f"tap {i}: relative error {err:.3g} against transformers' hidden_states[{i + 1}]"
