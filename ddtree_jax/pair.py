@@ -3,11 +3,14 @@
 <dir>/target is the target, an HF checkpoint (`load_target`); <dir>/drafter its DFlash drafter
 (`load_drafter`). The tokenizer is the target checkpoint's own tokenizer.json where it has one
 (an HF checkpoint's), otherwise <dir>/tokenizer.json (the shipped pair's), otherwise there is none.
-SHIPPED is the pair in this repository's assets/ (docs/shipped_pair.md).
+SHIPPED is the pair in this repository's assets/ (docs/shipped_pair.md); its MANIFEST.json
+(experiments/ship_pair.py) records every file's sha256, the data, the commands and the training.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from typing import NamedTuple
 
@@ -49,3 +52,21 @@ def load_pair(directory: str | os.PathLike = SHIPPED, dtype=jnp.bfloat16) -> Pai
         raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids, more than the "
                          f"target's vocab_size {target[0].vocab_size} ({target_dir}/config.json)")
     return Pair(target, load_drafter(drafter_dir, dtype=dtype), tokenizer)
+
+
+def manifest_target_record(directory: str | os.PathLike = SHIPPED) -> dict:
+    """The target's record in `directory`/MANIFEST.json, as train_target.py's summary.json holds it:
+    command (without "python "), data, steps, final_loss, loop_seconds, device, config. ValueError
+    naming the file when a target file (or target_loss.png) is not the one the manifest lists."""
+    path = os.path.join(os.fspath(directory), "MANIFEST.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    for rel, entry in manifest["files"].items():
+        if rel.split("/")[0] in ("target", "target_loss.png"):
+            with open(os.path.join(os.fspath(directory), rel), "rb") as f:
+                if hashlib.sha256(f.read()).hexdigest() != entry["sha256"]:
+                    raise ValueError(f"{os.path.join(os.fspath(directory), rel)} is not the file "
+                                     f"{path} lists (sha256 differs)")
+    command = next(c for c in manifest["commands"] if "train_target.py" in c)
+    return {"command": command.removeprefix("python "), "data": manifest["data"],
+            **manifest["training"]["target"]}

@@ -7,6 +7,9 @@ Greedy (temperature 0) generation with methods ar, dflash (block = the drafter's
 (--budget); records each tau and tokens/s, whether the speculative outputs equal ar's, copies
 the loss curves next to the pair and writes MANIFEST.json: sha256 of every file, the training
 commands and summaries, the data description and the measurements with date and device.
+With --target_workdir= (empty) the target is the one the existing MANIFEST.json describes (its
+files' sha256 must match): its data, command and training record are carried over, for a pair
+whose drafter alone was retrained.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from ddtree_jax.atomic_io import write_json
 from ddtree_jax.training import data
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.drafter_io import load_drafter
+from ddtree_jax.pair import manifest_target_record
 
 _PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "holds target/, drafter/, heldout_prompts.json")
-_TWORK = flags.DEFINE_string("target_workdir", "runs/target", "train_target.py's work dir")
+_TWORK = flags.DEFINE_string("target_workdir", "runs/target",
+                              "train_target.py's work dir ('': keep the manifest's target record)")
 _DWORK = flags.DEFINE_string("drafter_workdir", "runs/drafter", "train_drafter.py's work dir")
 _TOK = flags.DEFINE_string("tokenizer", "assets/pair/tokenizer.json", "the tokenizer the pair was trained with")
 _BUDGET = flags.DEFINE_integer("budget", 64, "DDTree node budget")
@@ -59,8 +64,10 @@ def main(argv):
     drafter = load_drafter(os.path.join(pair, "drafter"), dtype=jnp.bfloat16)
     prompts = data.load_prompts(os.path.join(pair, "heldout_prompts.json"))
     results = measure(target, drafter, prompts, _BUDGET.value, _NEW.value, _IMPL.value)
-    summaries = {}
+    summaries = {"target": manifest_target_record(pair)} if not _TWORK.value else {}
     for name, work in (("target", _TWORK.value), ("drafter", _DWORK.value)):
+        if not work:
+            continue
         with open(os.path.join(work, "summary.json")) as f:
             summaries[name] = json.load(f)
         shutil.copy(os.path.join(work, "loss.png"), os.path.join(pair, f"{name}_loss.png"))

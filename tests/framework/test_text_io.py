@@ -96,3 +96,18 @@ def test_load_pair_prefers_the_checkpoint_tokenizer_and_checks_its_vocabulary(tm
         dj.load_pair(bad, jnp.float32)
     with pytest.raises(FileNotFoundError, match="drafter not found: a pair directory holds"):
         dj.load_pair(tmp_path / "pair", jnp.float32)
+
+
+def test_manifest_target_record_is_the_target_summary_and_checks_the_files(tmp_path):
+    record = pair_mod.manifest_target_record()
+    with open(os.path.join(pair_mod.SHIPPED, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    assert f"python {record['command']}" in manifest["commands"]
+    assert "train_target.py" in record["command"] and record["data"] == manifest["data"]
+    assert record["steps"] == manifest["training"]["target"]["steps"] > 0
+    copy = tmp_path / "pair"
+    shutil.copytree(pair_mod.SHIPPED, copy)
+    with open(copy / "target" / "config.json", "a") as f:
+        f.write("\n")
+    with pytest.raises(ValueError, match=r"target/config\.json is not the file"):
+        pair_mod.manifest_target_record(copy)
