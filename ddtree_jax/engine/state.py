@@ -184,8 +184,8 @@ def shard_state(state: EngineState) -> EngineState:
                                   streams(dcache.lengths))
     return state.replace(tcache=tcache, dcache=dcache, pending=streams(state.pending),
                          out_tokens=streams(state.out_tokens), out_len=streams(state.out_len),
-                         accept=streams(state.accept), done=streams(state.done),
-                         max_new=streams(state.max_new))
+                         accept=streams(state.accept), nodes=streams(state.nodes),
+                         done=streams(state.done), max_new=streams(state.max_new))
 
 
 @dataclasses.dataclass(frozen=True)
