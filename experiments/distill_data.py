@@ -30,8 +30,7 @@ from ddtree_jax.checkpoint import load_target
 from ddtree_jax.tokenizer import Tokenizer
 
 _TARGET = flags.DEFINE_string("target", "assets/pair/target", "target checkpoint (HF layout)")
-_TOK = flags.DEFINE_string("tokenizer", "assets/pair/tokenizer.json", "tokenizer the corpus is built with")
-_CACHE = flags.DEFINE_string("corpus_cache", "runs/data/corpus.npz", "training token stream cache")
+_TOK, _CACHE = data.corpus_flags()
 _OUT = flags.DEFINE_string("out", "runs/distill/greedy.npz", "output .npz")
 _N = flags.DEFINE_integer("num_sequences", 65536, "continuations to generate")
 _PROMPT = flags.DEFINE_integer("prompt_len", 64, "tokens of training text per prompt")

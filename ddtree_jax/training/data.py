@@ -54,6 +54,16 @@ def file_sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def corpus_flags():
+    """The absl flags --tokenizer and --corpus_cache of a script that reads the training corpus
+    (`build_corpus`'s tokenizer and cache) -> their two flag holders."""
+    from absl import flags
+
+    return (flags.DEFINE_string("tokenizer", "assets/pair/tokenizer.json",
+                                "tokenizer the corpus is built with"),
+            flags.DEFINE_string("corpus_cache", "runs/data/corpus.npz", "training token stream cache"))
+
+
 def build_corpus(tok: Tokenizer, tokenizer_path: str, cache: str,
                  max_files: int = 0, show_progress: bool = True) -> tuple[np.ndarray, dict]:
     """The training token stream and its metadata; read from `cache` when it was made by the same

@@ -14,13 +14,15 @@ import pytest
 pytest.importorskip("ml_collections", reason="ml_collections not installed (pip install -e .)")
 
 from ddtree_jax import tokenizer
-from ddtree_jax.training import data, recipes, trainer
+from ddtree_jax.reference import model_ref
+from ddtree_jax.training import data, recipes, retap, trainer
 from ddtree_jax.checkpoint import load_target, save_target_hf
 from ddtree_jax.config import DrafterConfig, ModelConfig
 from ddtree_jax.drafter import drafter_hidden, init_drafter
 from ddtree_jax.drafter_io import load_drafter
 from ddtree_jax.model import init_target
 from configs import train_drafter_small, train_target_small
+from pallas_kernels import moe
 from tests import ROOT
 
 TOKENIZER = os.path.join(ROOT, "assets", "pair", "tokenizer.json")
@@ -172,3 +174,51 @@ def test_train_drafter_on_a_framework_target(tmp_path):
     assert os.path.isfile(str(tmp_path / "drafter" / "loss.png"))
     dcfg, _ = load_drafter(str(tmp_path / "export"), dtype=jnp.float32)
     assert dcfg.block_size == 16 and dcfg.mask_token_id == tokenizer.MASK
+
+
+def test_raw_last_layer_rms_equals_the_golden():
+    """The golden of an (L+1)-layer copy taps layer L-1 before any final norm: its raw output."""
+    cfg = ModelConfig.preset("tiny")
+    params, experts = model_ref.random_params(cfg, np.random.default_rng(5))
+    last = cfg.num_hidden_layers - 1
+    jparams = jax.tree_util.tree_map(jnp.asarray, params)
+    for i, e in experts.items():
+        jparams[f"layers_{i}"]["mlp"]["experts"] = moe.prepare_experts_bf16(e["gate"], e["up"], e["down"])
+    longer = cfg.replace(num_hidden_layers=cfg.num_hidden_layers + 1)
+    extended = {**params, f"layers_{last + 1}": params[f"layers_{last}"]}
+    tokens = np.random.default_rng(6).integers(0, cfg.vocab_size, (2, 7))
+    _, _, h = model_ref.decoder_forward(extended, longer, tokens, taps=(last,),
+                                        experts_hf={**experts, last + 1: experts[last]})
+    want = np.sqrt(np.mean(h * h, axis=-1))
+    got = retap.raw_last_layer_rms(jparams, cfg, tokens)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_fold_final_norm_gives_the_raw_tap_context_at_the_folded_rms():
+    """fc(concat(tap 1, h)) of the raw-tap drafter equals fc(concat(tap 1, w * h / rms(h))) of the
+    folded one when rms(h) is the folded rms; other taps' rows and every other leaf unchanged."""
+    tcfg = ModelConfig.preset("tiny")
+    tparams = init_target(tcfg, jax.random.key(0))
+    tparams = {**tparams, "norm": {"scale": jnp.asarray(np.random.default_rng(1).uniform(0.5, 2.0, tcfg.hidden_size),
+                                                        jnp.float32)}}
+    last = tcfg.num_hidden_layers - 1
+    dcfg = DrafterConfig.for_target(tcfg, target_layer_ids=(0, last))
+    dparams = init_drafter(dcfg, jax.random.key(2))
+    folded = retap.fold_final_norm(dcfg, dparams, tcfg, tparams, 3.0)
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((5, tcfg.hidden_size))
+    h *= 3.0 / np.sqrt(np.mean(h * h, axis=-1, keepdims=True))          # rms exactly 3
+    tap0, w = rng.standard_normal((5, tcfg.hidden_size)), np.asarray(tparams["norm"]["scale"], np.float64)
+    normed = w * h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + tcfg.rms_norm_eps)
+    raw_ctx = np.concatenate([tap0, h], -1) @ np.asarray(dparams["fc"]["kernel"], np.float64)
+    new_ctx = np.concatenate([tap0, normed], -1) @ np.asarray(folded["fc"]["kernel"], np.float64)
+    np.testing.assert_allclose(new_ctx, raw_ctx, rtol=1e-5, atol=1e-5)
+    d = tcfg.hidden_size
+    assert np.array_equal(folded["fc"]["kernel"][:d], dparams["fc"]["kernel"][:d])
+    assert all(folded[k] is dparams[k] for k in dparams if k != "fc")
+    with pytest.raises(ValueError, match="not the target's last layer"):
+        retap.fold_final_norm(DrafterConfig.for_target(tcfg, target_layer_ids=(0,)),
+                              init_drafter(DrafterConfig.for_target(tcfg, target_layer_ids=(0,)), jax.random.key(4)),
+                              tcfg, tparams, 3.0)
+    with pytest.raises(ValueError, match="positive finite"):
+        retap.fold_final_norm(dcfg, dparams, tcfg, tparams, float("nan"))
