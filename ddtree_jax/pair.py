@@ -54,19 +54,25 @@ def load_pair(directory: str | os.PathLike = SHIPPED, dtype=jnp.bfloat16) -> Pai
     return Pair(target, load_drafter(drafter_dir, dtype=dtype), tokenizer)
 
 
-def manifest_target_record(directory: str | os.PathLike = SHIPPED) -> dict:
-    """The target's record in `directory`/MANIFEST.json, as train_target.py's summary.json holds it:
-    command (without "python "), data, steps, final_loss, loop_seconds, device, config. ValueError
-    naming the file when a target file (or target_loss.png) is not the one the manifest lists."""
-    path = os.path.join(os.fspath(directory), "MANIFEST.json")
+def manifest_record(directory: str | os.PathLike, name: str, unchecked: tuple[str, ...] = ()) -> dict:
+    """The record of the pair's "target" or "drafter" in `directory`/MANIFEST.json, as its training
+    run's summary.json holds it: command (without "python "), data (the target's corpus; the
+    drafter's distillation data, or None), steps, final_loss, loop_seconds, device, config (and the
+    drafter's slot_accuracy, tau_on_data). ValueError naming the file when one of `name`/ or
+    `name`_loss.png is not the file the manifest lists (except the paths in `unchecked`)."""
+    if name not in ("target", "drafter"):
+        raise ValueError(f"name must be 'target' or 'drafter', got {name!r}")
+    directory = os.fspath(directory)
+    path = os.path.join(directory, "MANIFEST.json")
     with open(path) as f:
         manifest = json.load(f)
     for rel, entry in manifest["files"].items():
-        if rel.split("/")[0] in ("target", "target_loss.png"):
-            with open(os.path.join(os.fspath(directory), rel), "rb") as f:
+        if rel.split("/")[0] in (name, f"{name}_loss.png") and rel not in unchecked:
+            with open(os.path.join(directory, rel), "rb") as f:
                 if hashlib.sha256(f.read()).hexdigest() != entry["sha256"]:
-                    raise ValueError(f"{os.path.join(os.fspath(directory), rel)} is not the file "
-                                     f"{path} lists (sha256 differs)")
-    command = next(c for c in manifest["commands"] if "train_target.py" in c)
-    return {"command": command.removeprefix("python "), "data": manifest["data"],
-            **manifest["training"]["target"]}
+                    raise ValueError(f"{os.path.join(directory, rel)} is not the file {path} lists "
+                                     "(sha256 differs)")
+    script = {"target": "train_target.py", "drafter": "train_drafter.py"}[name]
+    command = next(c for c in manifest["commands"] if script in c)
+    data = manifest["data"] if name == "target" else manifest.get("distill_data")
+    return {"command": command.removeprefix("python "), "data": data, **manifest["training"][name]}

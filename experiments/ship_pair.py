@@ -7,9 +7,11 @@ Greedy (temperature 0) generation with methods ar, dflash (block = the drafter's
 (--budget); records each tau and tokens/s, whether the speculative outputs equal ar's, copies
 the loss curves next to the pair and writes MANIFEST.json: sha256 of every file, the training
 commands and summaries, the data description and the measurements with date and device.
-With --target_workdir= (empty) the target is the one the existing MANIFEST.json describes (its
-files' sha256 must match): its data, command and training record are carried over, for a pair
-whose drafter alone was retrained.
+With --target_workdir= (or --drafter_workdir=) empty, that model is the one the existing
+MANIFEST.json describes (its files' sha256 must match): its data, command and training record are
+carried over. --retap_workdir names retap_drafter.py's work dir when the drafter was re-tapped
+(experiments/retap_drafter.py) from the one the manifest lists: its command and statistics join
+the manifest.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from ddtree_jax.atomic_io import write_json
 from ddtree_jax.training import data
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.drafter_io import load_drafter
-from ddtree_jax.pair import manifest_target_record
+from ddtree_jax.pair import manifest_record
 
 _PAIR = flags.DEFINE_string("pair_dir", "assets/pair", "holds target/, drafter/, heldout_prompts.json")
 _TWORK = flags.DEFINE_string("target_workdir", "runs/target",
                               "train_target.py's work dir ('': keep the manifest's target record)")
-_DWORK = flags.DEFINE_string("drafter_workdir", "runs/drafter", "train_drafter.py's work dir")
+_DWORK = flags.DEFINE_string("drafter_workdir", "runs/drafter",
+                              "train_drafter.py's work dir ('': keep the manifest's drafter record)")
+_RETAP = flags.DEFINE_string("retap_workdir", "", "retap_drafter.py's work dir, when the drafter was re-tapped")
 _TOK = flags.DEFINE_string("tokenizer", "assets/pair/tokenizer.json", "the tokenizer the pair was trained with")
 _BUDGET = flags.DEFINE_integer("budget", 64, "DDTree node budget")
 _NEW = flags.DEFINE_integer("max_new_tokens", 128, "tokens generated per prompt")
@@ -60,19 +64,33 @@ def measure(target, drafter, prompts, budget: int, max_new: int, impl: str) -> d
 def main(argv):
     del argv
     pair = _PAIR.value
+    retap = None
+    if _RETAP.value:
+        with open(os.path.join(_RETAP.value, "summary.json")) as f:
+            retap = json.load(f)
+    summaries = {}
+    for name, work in (("target", _TWORK.value), ("drafter", _DWORK.value)):
+        if not work:   # the manifest's record; a re-tapped drafter's weights are new
+            unchecked = ("drafter/model.safetensors",) if name == "drafter" and retap else ()
+            summaries[name] = manifest_record(pair, name, unchecked)
+    if retap is not None and not _DWORK.value:
+        with open(os.path.join(pair, "MANIFEST.json")) as f:
+            listed = json.load(f)["files"]["drafter/model.safetensors"]["sha256"]
+        if retap["source_drafter_sha256"] != listed:
+            raise ValueError(f"{_RETAP.value}/summary.json re-tapped a drafter (sha256 "
+                             f"{retap['source_drafter_sha256']}) other than the one the manifest lists")
     target = load_target(os.path.join(pair, "target"), dtype=jnp.bfloat16)
     drafter = load_drafter(os.path.join(pair, "drafter"), dtype=jnp.bfloat16)
     prompts = data.load_prompts(os.path.join(pair, "heldout_prompts.json"))
     results = measure(target, drafter, prompts, _BUDGET.value, _NEW.value, _IMPL.value)
-    summaries = {"target": manifest_target_record(pair)} if not _TWORK.value else {}
     for name, work in (("target", _TWORK.value), ("drafter", _DWORK.value)):
-        if not work:
-            continue
-        with open(os.path.join(work, "summary.json")) as f:
-            summaries[name] = json.load(f)
-        shutil.copy(os.path.join(work, "loss.png"), os.path.join(pair, f"{name}_loss.png"))
+        if work:
+            with open(os.path.join(work, "summary.json")) as f:
+                summaries[name] = json.load(f)
+            shutil.copy(os.path.join(work, "loss.png"), os.path.join(pair, f"{name}_loss.png"))
     # A drafter trained on distill_data.py's continuations carries that file's metadata.
-    distill = summaries["drafter"]["data"] if "target_sha256" in summaries["drafter"]["data"] else None
+    distill = summaries["drafter"]["data"]
+    distill = distill if distill and "target_sha256" in distill else None
     distill_cmd = [distill["command"]] if distill else []
     files = {}
     for root, _, names in os.walk(pair):
@@ -89,15 +107,18 @@ def main(argv):
         "distill_data": {k: v for k, v in distill.items() if k != "corpus"} if distill else None,
         "commands": [_PREPARE, f"python {summaries['target']['command']}"] + distill_cmd
                     + [f"python {summaries['drafter']['command']}"]
+                    + ([retap["command"]] if retap else [])
                     + ["python experiments/ship_pair.py " + " ".join(
                         f"--{k}={v}" for k, v in (("pair_dir", pair), ("target_workdir", _TWORK.value),
                                                   ("drafter_workdir", _DWORK.value),
+                                                  ("retap_workdir", _RETAP.value),
                                                   ("budget", _BUDGET.value), ("max_new_tokens", _NEW.value),
                                                   ("impl", _IMPL.value)))],
         "training": {k: {f: s[f] for f in ("steps", "final_loss", "loop_seconds", "device", "config")
                          if f in s} | ({"slot_accuracy": s["slot_accuracy"], "tau_on_data": s["tau_on_data"]}
                                        if k == "drafter" else {})
-                     for k, s in summaries.items()},
+                     for k, s in summaries.items()}
+                    | ({"drafter_retap": {k: v for k, v in retap.items() if k != "command"}} if retap else {}),
         "evaluation": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        "device": jax.devices()[0].device_kind, "jax": jax.__version__,
                        "temperature": 0.0, "prompts": len(prompts), "max_new_tokens": _NEW.value,

@@ -98,8 +98,8 @@ def test_load_pair_prefers_the_checkpoint_tokenizer_and_checks_its_vocabulary(tm
         dj.load_pair(tmp_path / "pair", jnp.float32)
 
 
-def test_manifest_target_record_is_the_target_summary_and_checks_the_files(tmp_path):
-    record = pair_mod.manifest_target_record()
+def test_manifest_record_is_the_training_summary_and_checks_the_files(tmp_path):
+    record = pair_mod.manifest_record(pair_mod.SHIPPED, "target")
     with open(os.path.join(pair_mod.SHIPPED, "MANIFEST.json")) as f:
         manifest = json.load(f)
     assert f"python {record['command']}" in manifest["commands"]
@@ -110,4 +110,9 @@ def test_manifest_target_record_is_the_target_summary_and_checks_the_files(tmp_p
     with open(copy / "target" / "config.json", "a") as f:
         f.write("\n")
     with pytest.raises(ValueError, match=r"target/config\.json is not the file"):
-        pair_mod.manifest_target_record(copy)
+        pair_mod.manifest_record(copy, "target")
+    assert pair_mod.manifest_record(copy, "target", unchecked=("target/config.json",)) == record
+    drafter = pair_mod.manifest_record(copy, "drafter")
+    assert "train_drafter.py" in drafter["command"] and drafter["data"] == manifest["distill_data"]
+    with pytest.raises(ValueError, match="'target' or 'drafter'"):
+        pair_mod.manifest_record(copy, "tokenizer")
