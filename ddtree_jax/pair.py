@@ -58,7 +58,8 @@ def manifest_record(directory: str | os.PathLike, name: str, unchecked: tuple[st
     """The record of the pair's "target" or "drafter" in `directory`/MANIFEST.json, as its training
     run's summary.json holds it: command (without "python "), data (the target's corpus; the
     drafter's distillation data, or None), steps, final_loss, loop_seconds, device, config (and the
-    drafter's slot_accuracy, tau_on_data). ValueError naming the file when one of `name`/ or
+    drafter's slot_accuracy, tau_on_data, and "retap", retap_drafter.py's summary, where it was
+    re-tapped). ValueError naming the file when one of `name`/ or
     `name`_loss.png is not the file the manifest lists (except the paths in `unchecked`)."""
     if name not in ("target", "drafter"):
         raise ValueError(f"name must be 'target' or 'drafter', got {name!r}")
@@ -75,4 +76,9 @@ def manifest_record(directory: str | os.PathLike, name: str, unchecked: tuple[st
     script = {"target": "train_target.py", "drafter": "train_drafter.py"}[name]
     command = next(c for c in manifest["commands"] if script in c)
     data = manifest["data"] if name == "target" else manifest.get("distill_data")
-    return {"command": command.removeprefix("python "), "data": data, **manifest["training"][name]}
+    record = {"command": command.removeprefix("python "), "data": data, **manifest["training"][name]}
+    retap = manifest["training"].get("drafter_retap")
+    if name == "drafter" and retap is not None:   # retap_drafter.py's summary, its command included
+        record["retap"] = {"command": next(c for c in manifest["commands"] if "retap_drafter.py" in c),
+                           **retap}
+    return record

@@ -79,6 +79,7 @@ def main(argv):
         if retap["source_drafter_sha256"] != listed:
             raise ValueError(f"{_RETAP.value}/summary.json re-tapped a drafter (sha256 "
                              f"{retap['source_drafter_sha256']}) other than the one the manifest lists")
+    retap = retap or summaries.get("drafter", {}).get("retap")   # a kept drafter keeps its re-tap
     target = load_target(os.path.join(pair, "target"), dtype=jnp.bfloat16)
     drafter = load_drafter(os.path.join(pair, "drafter"), dtype=jnp.bfloat16)
     prompts = data.load_prompts(os.path.join(pair, "heldout_prompts.json"))

@@ -114,5 +114,7 @@ def test_manifest_record_is_the_training_summary_and_checks_the_files(tmp_path):
     assert pair_mod.manifest_record(copy, "target", unchecked=("target/config.json",)) == record
     drafter = pair_mod.manifest_record(copy, "drafter")
     assert "train_drafter.py" in drafter["command"] and drafter["data"] == manifest["distill_data"]
+    assert drafter["retap"]["command"] in manifest["commands"]
+    assert drafter["retap"]["median_rms"] == manifest["training"]["drafter_retap"]["median_rms"]
     with pytest.raises(ValueError, match="'target' or 'drafter'"):
         pair_mod.manifest_record(copy, "tokenizer")
