@@ -9,7 +9,6 @@ SHIPPED is the pair in this repository's assets/ (docs/shipped_pair.md); its MAN
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import NamedTuple
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 from ddtree_jax.checkpoint import load_target
 from ddtree_jax.drafter_io import load_drafter
 from ddtree_jax.tokenizer import TOKENIZER_FILE, Tokenizer
+from ddtree_jax.training.data import file_sha256
 
 SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "pair")
 
@@ -69,10 +69,9 @@ def manifest_record(directory: str | os.PathLike, name: str, unchecked: tuple[st
         manifest = json.load(f)
     for rel, entry in manifest["files"].items():
         if rel.split("/")[0] in (name, f"{name}_loss.png") and rel not in unchecked:
-            with open(os.path.join(directory, rel), "rb") as f:
-                if hashlib.sha256(f.read()).hexdigest() != entry["sha256"]:
-                    raise ValueError(f"{os.path.join(directory, rel)} is not the file {path} lists "
-                                     "(sha256 differs)")
+            if file_sha256(os.path.join(directory, rel)) != entry["sha256"]:
+                raise ValueError(f"{os.path.join(directory, rel)} is not the file {path} lists "
+                                 "(sha256 differs)")
     script = {"target": "train_target.py", "drafter": "train_drafter.py"}[name]
     command = next(c for c in manifest["commands"] if script in c)
     data = manifest["data"] if name == "target" else manifest.get("distill_data")
